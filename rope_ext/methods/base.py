@@ -14,31 +14,27 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rope_ext.registry import Registry
+
 #: Hook kinds a method can need. Only ``frequency`` exists so far; ``bias``, ``positions`` and
 #: ``attention`` are the kinds the window and bias methods will use.
 HOOK_FREQUENCY = "frequency"
 
-_METHODS: dict[str, type[MethodConfig]] = {}
+_METHODS: Registry[type[MethodConfig]] = Registry("method", "valid methods")
 
 
 def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:
     """Class decorator: make ``cls`` available under ``cls.method``."""
-    if cls.method in _METHODS:
-        raise ValueError(f"method {cls.method!r} is registered twice")
-    _METHODS[cls.method] = cls
-    return cls
+    return _METHODS.register(cls.method, cls)
 
 
 def list_methods() -> list[str]:
     """Registered method names, sorted."""
-    return sorted(_METHODS)
+    return _METHODS.names()
 
 
 def get_method_class(name: str) -> type[MethodConfig]:
-    try:
-        return _METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(list_methods())}") from None
+    return _METHODS.get(name)
 
 
 def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> MethodConfig:
