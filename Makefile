@@ -29,7 +29,7 @@ test: setup
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/rope-ext demo
+	$(VENV)/bin/rope-ext eval ppl --out results/main
 
 bench: setup
 	$(PY) scripts/bench_overhead.py

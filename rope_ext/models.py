@@ -42,13 +42,17 @@ def load_default_model(dtype: torch.dtype = torch.float32, attn_implementation: 
     return model, tokenizer
 
 
-def load_model(name: str, dtype: torch.dtype = torch.float32, **kwargs: Any) -> tuple[nn.Module, Any]:
-    """``"default"``, a local folder or a hub id; a folder saved while patched gets its patch back."""
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
+    """``"default"`` (the embedded SmolLM2), a local folder or a hub id (online only), with its tokenizer.
+
+    A folder saved while patched comes back patched (see ``from_pretrained``).
+    """
     from transformers import AutoTokenizer
 
     if name == "default":
-        return load_default_model(dtype=dtype, **kwargs)
-    model = from_pretrained(name, dtype=dtype, **kwargs)
+        return load_default_model(dtype=dtype)
+    model = from_pretrained(name, dtype=dtype)
+    model.eval()
     return model, AutoTokenizer.from_pretrained(name)
 
 

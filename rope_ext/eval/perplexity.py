@@ -1,13 +1,24 @@
-"""Per-token negative log-likelihood from one forward pass, and perplexity of a token range.
+"""Perplexity against context length, three protocols, each returning plain records.
 
-Because attention is causal, one forward over ``L`` tokens gives every shorter prefix's per-token losses
-too, for methods whose frequencies do not depend on the total length (not the dynamic ones).
+* ``fixed`` -- fixed targets: the same last ``target_tokens`` tokens of a document's first
+  ``max(lengths)`` tokens, scored with a growing context ``L`` (input = the ``L`` tokens ending there).
+  An ideal model never gets worse with more context; the README's headline protocol.
+* ``curve`` -- position curve: one forward over the first ``max(lengths)`` tokens, per-token losses
+  averaged over the buckets ``(L_prev, L]``. Causal attention makes one forward serve every length for
+  static methods; methods whose frequencies depend on the total length (``dynamic``) get one forward
+  per length, scoring that length's bucket.
+* ``sliding`` -- sliding window of ``L`` tokens moved by ``stride``, scoring only tokens no earlier
+  window scored (the YaRN reference evaluation, and transformers' perplexity guide).
 """
 
 from __future__ import annotations
 
 import math
+import re
+import resource
+import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,53 +26,186 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rope_ext.eval.data import Document
+
+PROTOCOLS = ("fixed", "curve", "sliding")
+
+
+def parse_length(text: str) -> int:
+    """``"16k"`` -> 16384, ``"1500"`` -> 1500."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    if not match:
+        raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096 or 4k")
+    value = int(match[1]) * (1024 if match[2] else 1)
+    if value < 2:
+        raise ValueError(f"length must be at least 2 tokens, got {text!r}")
+    return value
+
+
+def parse_lengths(text: str) -> list[int]:
+    lengths = sorted({parse_length(part) for part in text.split(",") if part.strip()})
+    if not lengths:
+        raise ValueError("give at least one length")
+    return lengths
+
+
+def peak_memory_mb() -> float:
+    """Peak memory so far: CUDA's allocator peak when on GPU, else this process's peak RSS."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
 
 @torch.no_grad()
 def token_nll(model: nn.Module, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
-    """NLL of tokens ``start .. L-1`` of ``input_ids [1, L]`` (each predicted from all tokens before it).
+    """NLL of tokens ``start .. L-1`` of ``input_ids [1, L]``, each predicted from all tokens before it.
 
-    Only the logits that are scored are computed (``logits_to_keep``), which saves the
-    ``L x vocab`` output projection for the context part.
+    Only the scored logits are computed (``logits_to_keep``), saving the ``L x vocab`` projection.
     """
     length = input_ids.shape[-1]
     if not 1 <= start < length:
         raise ValueError(f"start must be in [1, {length - 1}], got {start}")
     keep = length - start + 1  # logits at positions start-1 .. L-1
-    logits = model(input_ids=input_ids, logits_to_keep=keep, use_cache=False).logits[0, :-1]  # [n, vocab]
-    targets = input_ids[0, start:]  # [n]
-    return F.cross_entropy(logits.float(), targets, reduction="none")
+    device = next(model.parameters()).device
+    logits = model(input_ids=input_ids.to(device), logits_to_keep=keep, use_cache=False).logits[0, :-1]  # [n, V]
+    targets = input_ids[0, start:].to(device)  # [n]
+    return F.cross_entropy(logits.float(), targets, reduction="none").cpu()
 
 
 @dataclass
-class TailRecord:
-    """Perplexity of the tokens after ``start`` in one document of ``length`` tokens."""
-
-    method: dict[str, Any] | None
+class PerplexityRecord:
+    method: str  # the spec as given, e.g. "yarn:factor=4" or "none"
+    config: dict[str, Any] | None  # the method config (to_dict), None for the unpatched model
+    protocol: str
     document: str
-    length: int
-    start: int
+    length: int  # context length L (curve: the bucket's end)
+    start: int  # first scored position in the document
     tokens_scored: int
     mean_nll: float
     perplexity: float
     seconds: float
+    peak_memory_mb: float
+
+    @property
+    def key(self) -> tuple:
+        return record_key(self.method, self.protocol, self.document, self.length)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def tail_perplexity(
-    model: nn.Module, input_ids: torch.Tensor, start: int, document: str = "", method: dict | None = None
-) -> TailRecord:
-    began = time.perf_counter()
-    nll = token_nll(model, input_ids, start)
-    mean = float(nll.mean())
-    return TailRecord(
+def record_key(method: str, protocol: str, document: str, length: int) -> tuple:
+    return (method, protocol, document, int(length))
+
+
+def _record(method, config, protocol, document, length, start, nll: torch.Tensor, seconds) -> PerplexityRecord:
+    mean = float(nll.double().mean())
+    return PerplexityRecord(
         method=method,
+        config=config,
+        protocol=protocol,
         document=document,
-        length=int(input_ids.shape[-1]),
-        start=start,
+        length=int(length),
+        start=int(start),
         tokens_scored=int(nll.numel()),
         mean_nll=mean,
         perplexity=math.exp(mean),
-        seconds=time.perf_counter() - began,
+        seconds=seconds,
+        peak_memory_mb=peak_memory_mb(),
     )
+
+
+def usable_lengths(document: Document, lengths: list[int], protocol: str, target_tokens: int) -> list[int]:
+    """The lengths this document can provide; the rest are skipped (reported by the caller), never padded."""
+    if protocol == "fixed":
+        return [L for L in lengths if target_tokens < L <= document.num_tokens]
+    return [L for L in lengths if L <= document.num_tokens]
+
+
+def evaluate_document(
+    model: nn.Module,
+    document: Document,
+    lengths: list[int],
+    *,
+    method: str = "none",
+    config: dict[str, Any] | None = None,
+    dynamic: bool = False,
+    protocol: str = "fixed",
+    target_tokens: int = 1024,
+    stride: int = 256,
+    skip: Callable[[int], bool] = lambda length: False,
+) -> Iterator[PerplexityRecord]:
+    """Records for one document under the model's current patch, lengths ascending."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}")
+    lengths = sorted(L for L in lengths if not skip(L))
+    if not lengths:
+        return
+    ids = document.input_ids
+    args = (method, config, protocol, document.title)
+    if protocol == "fixed":
+        end = max(lengths)
+        for length in lengths:
+            began = time.perf_counter()
+            nll = token_nll(model, ids[:, end - length : end], start=length - target_tokens)
+            yield _record(*args, length, end - target_tokens, nll, time.perf_counter() - began)
+    elif protocol == "curve":
+        bounds = [1, *lengths]
+        if dynamic:
+            for lo, hi in zip(bounds, bounds[1:]):
+                began = time.perf_counter()
+                nll = token_nll(model, ids[:, :hi], start=lo)
+                yield _record(*args, hi, lo, nll, time.perf_counter() - began)
+        else:
+            began = time.perf_counter()
+            nll = token_nll(model, ids[:, : max(lengths)], start=1)  # nll[i] is position i + 1
+            seconds = time.perf_counter() - began
+            for lo, hi in zip(bounds, bounds[1:]):
+                yield _record(*args, hi, lo, nll[lo - 1 : hi - 1], seconds)
+    else:
+        for length in lengths:
+            began = time.perf_counter()
+            yield _record(*args, length, 1, sliding_window_nll(model, ids, length, stride), time.perf_counter() - began)
+
+
+def sliding_window_nll(model: nn.Module, input_ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
+    """Per-token NLL over the whole of ``input_ids``: windows of ``window`` tokens every ``stride``
+    tokens, each scoring only the tokens the previous windows did not. A window's first token has no
+    context inside it, so with ``stride == window`` it goes unscored (as in transformers' guide)."""
+    if not 0 < stride <= window:
+        raise ValueError(f"stride must be in [1, window={window}], got {stride}")
+    total = input_ids.shape[-1]
+    pieces, scored_until = [], 1
+    for begin in range(0, total, stride):
+        end = min(begin + window, total)
+        if end <= scored_until:
+            continue
+        pieces.append(token_nll(model, input_ids[:, begin:end], start=max(1, scored_until - begin)))
+        scored_until = end
+        if end == total:
+            break
+    return torch.cat(pieces)
+
+
+def summarize(records: list[PerplexityRecord]) -> list[dict[str, Any]]:
+    """Token-weighted mean NLL over documents, per (method, protocol, length)."""
+    groups: dict[tuple, list[PerplexityRecord]] = {}
+    for record in records:
+        groups.setdefault((record.method, record.protocol, record.length), []).append(record)
+    rows = []
+    for (method, protocol, length), group in groups.items():
+        tokens = sum(r.tokens_scored for r in group)
+        mean = sum(r.mean_nll * r.tokens_scored for r in group) / tokens
+        rows.append(
+            {
+                "method": method,
+                "protocol": protocol,
+                "length": length,
+                "documents": len(group),
+                "tokens_scored": tokens,
+                "mean_nll": mean,
+                "perplexity": math.exp(mean),
+            }
+        )
+    return rows

@@ -1,0 +1,139 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, the protocol LongLoRA and YaRN report).
+
+A random 5-digit key sits at relative depth ``d`` inside repeated filler text; the whole prompt is
+exactly ``L`` tokens. The model answers greedily and the first number it writes must equal the key.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rope_ext.eval.perplexity import peak_memory_mb
+
+TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. "
+    "Find it and memorize it. I will quiz you about the important information there.\n"
+)
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "\nWhat is the pass key? The pass key is"
+
+
+@dataclass
+class PasskeyRecord:
+    method: str
+    config: dict[str, Any] | None
+    length: int
+    depth: float
+    trial: int
+    key: str
+    answer: str
+    correct: bool
+    seconds: float
+    peak_memory_mb: float
+
+    @property
+    def key_tuple(self) -> tuple:
+        return passkey_key(self.method, self.length, self.depth, self.trial)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def passkey_key(method: str, length: int, depth: float, trial: int) -> tuple:
+    return (method, int(length), round(float(depth), 6), int(trial))
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str) -> torch.Tensor:
+    """``[1, length]`` token ids: task, filler with the needle at ``depth`` (0 = start, 1 = end), question."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    task, needle, question = (_encode(tokenizer, t) for t in (TASK, NEEDLE.format(key=key), QUESTION))
+    filler_budget = length - len(task) - len(needle) - len(question)
+    if filler_budget < 0:
+        raise ValueError(f"length {length} is too short for the passkey prompt ({length - filler_budget} tokens)")
+    unit = _encode(tokenizer, FILLER)
+    filler = (unit * (filler_budget // len(unit) + 1))[:filler_budget]
+    split = round(depth * filler_budget)
+    ids = task + filler[:split] + needle + filler[split:] + question
+    return torch.tensor([ids])
+
+
+@torch.no_grad()
+def answer_passkey(model: nn.Module, tokenizer: Any, prompt: torch.Tensor, max_new_tokens: int = 8) -> str:
+    device = next(model.parameters()).device
+    out = model.generate(
+        prompt.to(device),
+        attention_mask=torch.ones_like(prompt, device=device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    return tokenizer.decode(out[0, prompt.shape[-1] :], skip_special_tokens=True)
+
+
+def is_correct(answer: str, key: str) -> bool:
+    match = re.search(r"\d+", answer)
+    return match is not None and match.group() == key
+
+
+def trial_key(seed: int, length: int, depth: float, trial: int) -> str:
+    """The same key for the same cell and trial in every method, so methods face identical prompts."""
+    rng = random.Random(f"{seed}-{length}-{depth:.6f}-{trial}")
+    return str(rng.randint(10_000, 99_999))
+
+
+def passkey_trial(
+    model: nn.Module,
+    tokenizer: Any,
+    length: int,
+    depth: float,
+    trial: int,
+    *,
+    method: str = "none",
+    config: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> PasskeyRecord:
+    key = trial_key(seed, length, depth, trial)
+    began = time.perf_counter()
+    answer = answer_passkey(model, tokenizer, passkey_prompt(tokenizer, length, depth, key))
+    return PasskeyRecord(
+        method=method,
+        config=config,
+        length=length,
+        depth=depth,
+        trial=trial,
+        key=key,
+        answer=answer,
+        correct=is_correct(answer, key),
+        seconds=time.perf_counter() - began,
+        peak_memory_mb=peak_memory_mb(),
+    )
+
+
+def summarize_passkey(records: list[PasskeyRecord]) -> list[dict[str, Any]]:
+    """Accuracy per (method, length, depth)."""
+    groups: dict[tuple, list[PasskeyRecord]] = {}
+    for record in records:
+        groups.setdefault((record.method, record.length, round(record.depth, 6)), []).append(record)
+    return [
+        {
+            "method": method,
+            "length": length,
+            "depth": depth,
+            "trials": len(group),
+            "accuracy": sum(r.correct for r in group) / len(group),
+        }
+        for (method, length, depth), group in groups.items()
+    ]

@@ -1,0 +1,80 @@
+"""Pictures from a results folder: perplexity vs context length, and passkey heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rope_ext.eval.results import load_results  # noqa: E402
+
+
+def plot_perplexity(out: str | Path) -> Path | None:
+    results = load_results(out, "ppl")
+    if results is None or not results["summary"]:
+        return None
+    run, rows = results["run"], results["summary"]
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    figure, axis = plt.subplots(figsize=(7.5, 4.8))
+    for method in methods:
+        points = sorted((row["length"], row["perplexity"]) for row in rows if row["method"] == method)
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+    native = run.get("native_context")
+    if native:
+        axis.axvline(native, color="grey", linestyle="--", linewidth=1)
+        axis.text(native, axis.get_ylim()[1], f" native {native}", va="top", ha="left", color="grey", fontsize=8)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("context length (tokens)")
+    axis.set_ylabel("perplexity (log scale)")
+    protocol = {"fixed": "fixed last-token targets", "curve": "per-position buckets", "sliding": "sliding window"}
+    axis.set_title(f"{run.get('model_name', run.get('model'))}: {protocol.get(run['protocol'], run['protocol'])}")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path = Path(out) / "ppl.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def plot_passkey(out: str | Path) -> Path | None:
+    results = load_results(out, "passkey")
+    if results is None or not results["summary"]:
+        return None
+    rows = results["summary"]
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    lengths = sorted({row["length"] for row in rows})
+    depths = sorted({row["depth"] for row in rows})
+    figure, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods) + 1, 3.4), squeeze=False)
+    image = None
+    for axis, method in zip(axes[0], methods):
+        grid = [[float("nan")] * len(lengths) for _ in depths]
+        for row in rows:
+            if row["method"] == method:
+                grid[depths.index(row["depth"])][lengths.index(row["length"])] = row["accuracy"]
+        image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        axis.set_xticks(range(len(lengths)), [f"{L // 1024}k" if L % 1024 == 0 else str(L) for L in lengths])
+        axis.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+        axis.set_xlabel("length")
+        axis.set_title(method, fontsize=9)
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                if grid[i][j] == grid[i][j]:
+                    axis.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=7)
+    axes[0][0].set_ylabel("depth")
+    figure.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    path = Path(out) / "passkey.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def plot_run(out: str | Path) -> list[Path]:
+    paths = [p for p in (plot_perplexity(out), plot_passkey(out)) if p is not None]
+    if not paths:
+        raise FileNotFoundError(f"no ppl.json or passkey.json in {out}; run `rope-ext eval ...` first")
+    return paths

@@ -1,0 +1,79 @@
+"""An output folder that resumes: the run's configuration, records appended as they are made, tables.
+
+``<kind>_run.json`` holds what makes records comparable (model, protocol, data, ...). A re-run with the
+same configuration skips the records already in ``<kind>_records.jsonl``; methods and lengths may be
+added. A different configuration is refused unless ``overwrite``, which starts the kind afresh.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+
+class ResultStore:
+    def __init__(self, out: str | Path, kind: str, run_config: dict[str, Any], overwrite: bool = False) -> None:
+        self.out = Path(out)
+        self.kind = kind
+        self.run_path = self.out / f"{kind}_run.json"
+        self.records_path = self.out / f"{kind}_records.jsonl"
+        run_config = json.loads(json.dumps(run_config))  # normalise tuples etc. as JSON would
+        if self.run_path.exists():
+            previous = json.loads(self.run_path.read_text())
+            if previous != run_config:
+                if not overwrite:
+                    changed = sorted(k for k in previous.keys() | run_config.keys() if previous.get(k) != run_config.get(k))
+                    raise ValueError(
+                        f"{self.out} holds {kind} results of a different configuration (differs in: "
+                        f"{', '.join(changed)}); pass --overwrite to replace them, or choose another --out"
+                    )
+                self.clear()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.run_path.write_text(json.dumps(run_config, indent=2))
+        self.run_config = run_config
+
+    def clear(self) -> None:
+        for path in self.out.glob(f"{self.kind}_*"):
+            path.unlink()
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.records_path.exists():
+            return []
+        return [json.loads(line) for line in self.records_path.read_text().splitlines() if line.strip()]
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.records_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def write_tables(self, records: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dict[str, Path]:
+        """``<kind>.json`` (run, records, summary), ``<kind>.csv`` (records), ``<kind>_summary.csv``."""
+        paths = {
+            "json": self.out / f"{self.kind}.json",
+            "csv": self.out / f"{self.kind}.csv",
+            "summary_csv": self.out / f"{self.kind}_summary.csv",
+        }
+        paths["json"].write_text(
+            json.dumps({"run": self.run_config, "summary": summary, "records": records}, indent=2)
+        )
+        _write_csv(paths["csv"], records)
+        _write_csv(paths["summary_csv"], summary)
+        return paths
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    fields = list(rows[0])
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+
+
+def load_results(out: str | Path, kind: str) -> dict[str, Any] | None:
+    path = Path(out) / f"{kind}.json"
+    return json.loads(path.read_text()) if path.exists() else None
