@@ -12,6 +12,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rope_ext.eval.results import load_results  # noqa: E402
 
 
+def _length_label(length: int) -> str:
+    return f"{length // 1024}k" if length % 1024 == 0 else str(length)
+
+
 def plot_perplexity(out: str | Path) -> Path | None:
     results = load_results(out, "ppl")
     if results is None or not results["summary"]:
@@ -19,14 +23,19 @@ def plot_perplexity(out: str | Path) -> Path | None:
     run, rows = results["run"], results["summary"]
     methods = list(dict.fromkeys(row["method"] for row in rows))
     figure, axis = plt.subplots(figsize=(7.5, 4.8))
-    for method in methods:
+    styles = ["-", "--", "-.", ":"]
+    for index, method in enumerate(methods):
         points = sorted((row["length"], row["perplexity"]) for row in rows if row["method"] == method)
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method,
+                  linestyle=styles[index % len(styles)])
     native = run.get("native_context")
     if native:
         axis.axvline(native, color="grey", linestyle="--", linewidth=1)
         axis.text(native, axis.get_ylim()[1], f" native {native}", va="top", ha="left", color="grey", fontsize=8)
     axis.set_xscale("log", base=2)
+    lengths = sorted({row["length"] for row in rows})
+    axis.set_xticks(lengths, [_length_label(L) for L in lengths])
+    axis.minorticks_off()
     axis.set_yscale("log")
     axis.set_xlabel("context length (tokens)")
     axis.set_ylabel("perplexity (log scale)")
@@ -57,7 +66,7 @@ def plot_passkey(out: str | Path) -> Path | None:
             if row["method"] == method:
                 grid[depths.index(row["depth"])][lengths.index(row["length"])] = row["accuracy"]
         image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-        axis.set_xticks(range(len(lengths)), [f"{L // 1024}k" if L % 1024 == 0 else str(L) for L in lengths])
+        axis.set_xticks(range(len(lengths)), [_length_label(L) for L in lengths])
         axis.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
         axis.set_xlabel("length")
         axis.set_title(method, fontsize=9)
