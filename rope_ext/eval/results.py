@@ -35,8 +35,9 @@ class ResultStore:
         self.run_config = run_config
 
     def clear(self) -> None:
-        for path in self.out.glob(f"{self.kind}_*"):
-            path.unlink()
+        for pattern in (f"{self.kind}_*", f"{self.kind}.*"):
+            for path in self.out.glob(pattern):
+                path.unlink()
 
     def records(self) -> list[dict[str, Any]]:
         if not self.records_path.exists():
