@@ -47,7 +47,7 @@ def _load(args: argparse.Namespace):
     return model, tokenizer, native
 
 
-def _common_run_config(args: argparse.Namespace, model, native: int) -> dict:
+def _common_run_config(args: argparse.Namespace, native: int) -> dict:
     return {
         "model": args.model,
         "model_name": "SmolLM2-135M-Instruct" if args.model == "default" else str(args.model),
@@ -88,7 +88,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
     min_tokens = parse_length(args.min_tokens) if args.min_tokens != "0" else 0
     data = load_documents(args.dataset, args.text_files, args.split, args.text_column)  # fail fast on bad data
     model, tokenizer, native = _load(args)
-    run_config = _common_run_config(args, model, native) | {
+    run_config = _common_run_config(args, native) | {
         "kind": "perplexity",
         "protocol": args.protocol,
         "target_tokens": args.target_tokens if args.protocol == "fixed" else None,
@@ -131,7 +131,7 @@ def _cmd_eval_passkey(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ValueError(f"--trials must be >= 1, got {args.trials}")
     model, tokenizer, native = _load(args)
-    run_config = _common_run_config(args, model, native) | {"kind": "passkey", "seed": args.seed}
+    run_config = _common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
     store = ResultStore(args.out, "passkey", run_config, overwrite=args.overwrite)
     summary = run_passkey(model, tokenizer, methods, lengths, depths, args.trials, store, seed=args.seed)
     by_length: dict[tuple, list[float]] = {}

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from rope_ext.methods import MethodConfig, list_methods, make_config
+from rope_ext.methods import MethodConfig, get_method_class, list_methods, make_config
 from rope_ext.patches import PatchPlan, find_family
 
 STATE_ATTR = "_rope_ext_state"
@@ -92,6 +92,5 @@ def patched(
 
 
 def methods_for(hooks: frozenset[str]) -> list[str]:
-    from rope_ext.methods import get_method_class
-
+    """Registered methods whose hook kind is in ``hooks``."""
     return [name for name in list_methods() if get_method_class(name).hook in hooks]

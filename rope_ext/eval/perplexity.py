@@ -84,8 +84,8 @@ class PerplexityRecord:
     tokens_scored: int
     mean_nll: float
     perplexity: float
-    seconds: float
-    peak_memory_mb: float
+    seconds: float  # the forward(s) that produced it (curve, static: the one shared forward)
+    peak_memory_mb: float  # CUDA allocator peak on GPU, else the process's peak RSS so far
 
     @property
     def key(self) -> tuple:

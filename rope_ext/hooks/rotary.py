@@ -36,6 +36,8 @@ class RopeExtRotaryEmbedding(nn.Module):
         self.attention_scaling: dict[str | None, float] = {}
         for layer_type, spec in specs.items():
             method.check_spec(spec)
+            if method.dynamic:
+                continue  # recomputed on every call
             inv_freq, attention_factor = method.frequencies(spec, None, device=device)
             self.register_buffer(_buffer_name(layer_type), inv_freq, persistent=False)  # [d/2]
             self.attention_scaling[layer_type] = attention_factor
