@@ -1,96 +1,54 @@
-"""Family adapters and the undo log they produce.
+"""Family adapters: locators that say where a model keeps its position sites.
 
-An adapter knows where one Hugging Face architecture family keeps its position module, which hook kinds
-it supports and how to install them. ``plan`` builds every replacement object and config value first,
-touching nothing; ``PatchPlan.apply`` then swaps them in (rolling back if anything fails) and
-``PatchPlan.revert`` puts every original object back, so ``unpatch`` is exact.
+An adapter recognises one Hugging Face architecture family and returns its ``Sites`` (the rotary module
+and its layer types, the config, later the attention modules, bias modules and absolute tables). The
+hook kinds a family supports follow from the site kinds it provides: a kind is supported when its
+installer (``rope_ext.hooks``) needs only sites the family has. Adapters never edit a model.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any
 
 from torch import nn
 
-from rope_ext.methods import MethodConfig
+from rope_ext.hooks.base import RopeExtModule, Sites, hook_kinds_for
 from rope_ext.registry import Registry
 
 #: The config attribute that records a patch, so ``save_pretrained`` carries it into ``config.json``.
 CONFIG_KEY = "rope_ext"
-_MISSING = object()
-
-
-def _own_attribute(obj: Any, name: str) -> Any:
-    """``obj``'s own value for ``name`` (a submodule counts), ignoring class-level defaults."""
-    if isinstance(obj, nn.Module) and name in obj._modules:
-        return obj._modules[name]
-    return vars(obj).get(name, _MISSING)
-
-
-@dataclass
-class AttrEdit:
-    """Set ``obj.name = new``; remembers the old value (or its absence) for ``revert``."""
-
-    obj: Any
-    name: str
-    new: Any
-    old: Any = field(default=_MISSING, init=False)
-
-    def apply(self) -> None:
-        self.old = _own_attribute(self.obj, self.name)
-        setattr(self.obj, self.name, self.new)
-
-    def revert(self) -> None:
-        if self.old is _MISSING:
-            delattr(self.obj, self.name)
-        else:
-            setattr(self.obj, self.name, self.old)
-
-
-@dataclass
-class PatchPlan:
-    edits: list[AttrEdit] = field(default_factory=list)
-
-    def apply(self) -> None:
-        done: list[AttrEdit] = []
-        try:
-            for edit in self.edits:
-                edit.apply()
-                done.append(edit)
-        except BaseException:
-            for edit in reversed(done):
-                edit.revert()
-            raise
-
-    def revert(self) -> None:
-        for edit in reversed(self.edits):
-            edit.revert()
-
-
-def saved_block(method: MethodConfig, layer_types: list[str] | None) -> dict[str, Any]:
-    """What a patched model's config carries under ``rope_ext``."""
-    return {"method": method.to_dict(), "layer_types": layer_types}
 
 
 class FamilyAdapter(ABC):
-    """One architecture family: detection, supported hook kinds, and patch planning."""
+    """One architecture family: detection and the location of its position sites."""
 
     name: str
-    hooks: frozenset[str]
+    #: the site kinds ``locate`` can return for this family
+    site_kinds: frozenset[str]
+
+    @property
+    def hooks(self) -> frozenset[str]:
+        """Hook kinds this family supports (those whose installer's sites it provides)."""
+        return hook_kinds_for(self.site_kinds)
 
     @abstractmethod
     def matches(self, model: nn.Module) -> bool:
-        """True if this adapter can find its position modules in ``model``."""
+        """True if this adapter can find its position sites in ``model``."""
 
     @abstractmethod
-    def plan(self, model: nn.Module, method: MethodConfig, layer_types: list[str] | None) -> PatchPlan:
-        """Every edit ``method`` needs, built without touching ``model``; raise ``ValueError`` if it cannot."""
+    def locate(self, model: nn.Module) -> Sites:
+        """The model's sites; raise ``ValueError`` if they cannot be found."""
 
-    @abstractmethod
-    def saved_block(self, model: nn.Module) -> tuple[Any, dict[str, Any]] | None:
-        """``(config, block)`` if a loaded model's config records a patch, else ``None``."""
+
+def modules_outside_rope_ext(model: nn.Module):
+    """``(parent, attribute, child)`` for every submodule, not descending into modules rope_ext installed."""
+    stack = [model]
+    while stack:
+        parent = stack.pop()
+        for name, child in parent.named_children():
+            yield parent, name, child
+            if not isinstance(child, RopeExtModule):
+                stack.append(child)
 
 
 _FAMILIES: Registry[FamilyAdapter] = Registry("family", "supported families")
@@ -98,6 +56,10 @@ _FAMILIES: Registry[FamilyAdapter] = Registry("family", "supported families")
 
 def register_family(adapter: FamilyAdapter) -> FamilyAdapter:
     return _FAMILIES.register(adapter.name, adapter)
+
+
+def unregister_family(name: str) -> None:
+    _FAMILIES.unregister(name)
 
 
 def list_families() -> list[str]:
@@ -109,7 +71,7 @@ def get_family(name: str) -> FamilyAdapter:
 
 
 def find_family(model: nn.Module) -> FamilyAdapter:
-    """The adapter whose position modules ``model`` contains; raises listing the supported families."""
+    """The adapter whose position sites ``model`` contains; raises listing the supported families."""
     found = [adapter for adapter in _FAMILIES if adapter.matches(model)]
     if len(found) == 1:
         return found[0]

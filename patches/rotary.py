@@ -1,31 +1,28 @@
-"""The adapter for every family built on transformers' shared ``rotary_emb`` design.
+"""Every family built on transformers' shared ``rotary_emb`` design, as rows of one table.
 
 Such a model owns one rotary module (``model.model.rotary_emb``) holding ``inv_freq`` and
 ``attention_scaling`` and returning ``(cos, sin)`` that each attention layer applies with HF's
-``rotate_half`` convention (pair ``i`` = dims ``i`` and ``i + d/2``). Models with per-layer-type RoPE
-(Gemma 3: ``full_attention`` / ``sliding_attention``) pass ``layer_type`` to it; rope_ext patches the
-``full_attention`` type by default and any subset on request.
+``rotate_half`` convention (pair ``i`` = dims ``i`` and ``i + d/2``). These families differ only by the
+rotary class, plus two table fields: the layer types patched by default on models with per-layer-type
+RoPE (Gemma 3: ``full_attention``; its sliding layers use a base of 10k and never see long distances)
+and the rope types a family's config class accepts natively (Phi-3 rewrites any but ``longrope``, so
+other methods are saved in the ``rope_ext`` block alone). A family with behaviour of its own gets its
+own module beside this one.
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+import importlib
 
-import torch
 from torch import nn
 
-from rope_ext.hooks.rotary import RopeExtRotaryEmbedding
-from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
-from rope_ext.methods.frequency import default_inv_freq
-from rope_ext.patches.base import CONFIG_KEY, AttrEdit, FamilyAdapter, PatchPlan, saved_block
-
-#: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
-_BASE_KEYS = ("rope_theta", "partial_rotary_factor")
+from rope_ext.hooks.base import Sites
+from rope_ext.hooks.rotary import RotarySite
+from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
 
 
 class RotaryFamily(FamilyAdapter):
-    hooks = frozenset({HOOK_FREQUENCY})
+    site_kinds = frozenset({RotarySite.kind})
 
     def __init__(
         self,
@@ -37,132 +34,59 @@ class RotaryFamily(FamilyAdapter):
         self.name = name
         self.rotary_classes = rotary_classes
         self.default_layer_types = default_layer_types
-        #: rope types this family's config class accepts (``None``: all of transformers')
         self.native_rope_types = native_rope_types
 
-    # --- discovery ---------------------------------------------------------------------------------
-
-    def rotary_modules(self, model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-        """``(parent, attribute, module)`` for every rotary module of this family in ``model``."""
+    def rotary_sites(self, model: nn.Module) -> list[RotarySite]:
         return [
-            (parent, name, child)
-            for parent in model.modules()
-            for name, child in parent.named_children()
+            RotarySite(self.name, parent, name, child, self.default_layer_types, self.native_rope_types)
+            for parent, name, child in modules_outside_rope_ext(model)
             if isinstance(child, self.rotary_classes)
         ]
 
     def matches(self, model: nn.Module) -> bool:
-        return bool(self.rotary_modules(model))
+        return bool(self.rotary_sites(model))
 
-    def _layer_types(self, rotary: nn.Module, requested: list[str] | None) -> list[str | None]:
-        available = getattr(rotary, "layer_types", None)
-        if not available:
-            if requested:
-                raise ValueError(f"{self.name}: this model has one rotary embedding; layer_types must be None")
-            return [None]
-        available = list(available)
-        if requested is None:
-            requested = [lt for lt in (self.default_layer_types or available) if lt in available]
-        if not requested:
-            raise ValueError(f"{self.name}: choose layer_types from {available}")
-        bad = [lt for lt in requested if lt not in available]
-        if bad:
-            raise ValueError(f"{self.name}: unknown layer_types {bad}; valid layer types: {available}")
-        return list(requested)
+    def locate(self, model: nn.Module) -> Sites:
+        rotary = self.rotary_sites(model)
+        config = getattr(model, "config", None) or rotary[0].config
+        return Sites(self.name, config, {RotarySite.kind: rotary})
 
-    @staticmethod
-    def _params(config: Any, layer_type: str | None) -> dict[str, Any]:
-        params = config.rope_parameters
-        return params[layer_type] if layer_type is not None else params
 
-    def spec(self, rotary: nn.Module, layer_type: str | None, method: FrequencyConfig) -> RotarySpec:
-        config = rotary.config
-        params = self._params(config, layer_type)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        original = (
-            method.original_max_position_embeddings
-            or params.get("original_max_position_embeddings")
-            or getattr(config, "original_max_position_embeddings", None)
-            or getattr(config, "max_position_embeddings", None)
-        )
-        if not original:
-            raise ValueError(
-                f"{self.name}: the model config gives no original context length "
-                "(max_position_embeddings); pass original_max_position_embeddings=..."
-            )
-        spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=int(original))
-        self._check_convention(rotary, layer_type, params, spec)
-        return spec
+# family -> (module under transformers.models, rotary class[, table fields])
+ROTARY_FAMILIES: dict[str, tuple] = {
+    "apertus": ("apertus.modeling_apertus", "ApertusRotaryEmbedding"),
+    "arcee": ("arcee.modeling_arcee", "ArceeRotaryEmbedding"),
+    "bitnet": ("bitnet.modeling_bitnet", "BitNetRotaryEmbedding"),
+    "ernie4_5": ("ernie4_5.modeling_ernie4_5", "Ernie4_5RotaryEmbedding"),
+    "exaone4": ("exaone4.modeling_exaone4", "Exaone4RotaryEmbedding"),
+    "falcon": ("falcon.modeling_falcon", "FalconRotaryEmbedding"),
+    "gemma": ("gemma.modeling_gemma", "GemmaRotaryEmbedding"),
+    "gemma2": ("gemma2.modeling_gemma2", "Gemma2RotaryEmbedding"),
+    "gemma3": ("gemma3.modeling_gemma3", "Gemma3RotaryEmbedding", {"default_layer_types": ("full_attention",)}),
+    "glm4": ("glm4.modeling_glm4", "Glm4RotaryEmbedding"),
+    "gpt_neox": ("gpt_neox.modeling_gpt_neox", "GPTNeoXRotaryEmbedding"),
+    "granite": ("granite.modeling_granite", "GraniteRotaryEmbedding"),
+    "granitemoe": ("granitemoe.modeling_granitemoe", "GraniteMoeRotaryEmbedding"),
+    "llama": ("llama.modeling_llama", "LlamaRotaryEmbedding"),
+    "mistral": ("mistral.modeling_mistral", "MistralRotaryEmbedding"),
+    "mixtral": ("mixtral.modeling_mixtral", "MixtralRotaryEmbedding"),
+    "nemotron": ("nemotron.modeling_nemotron", "NemotronRotaryEmbedding"),
+    "olmo": ("olmo.modeling_olmo", "OlmoRotaryEmbedding"),
+    "olmo2": ("olmo2.modeling_olmo2", "Olmo2RotaryEmbedding"),
+    "olmoe": ("olmoe.modeling_olmoe", "OlmoeRotaryEmbedding"),
+    "persimmon": ("persimmon.modeling_persimmon", "PersimmonRotaryEmbedding"),
+    "phi": ("phi.modeling_phi", "PhiRotaryEmbedding"),
+    "phi3": ("phi3.modeling_phi3", "Phi3RotaryEmbedding", {"native_rope_types": frozenset({"longrope"})}),
+    "qwen2": ("qwen2.modeling_qwen2", "Qwen2RotaryEmbedding"),
+    "qwen2_moe": ("qwen2_moe.modeling_qwen2_moe", "Qwen2MoeRotaryEmbedding"),
+    "qwen3": ("qwen3.modeling_qwen3", "Qwen3RotaryEmbedding"),
+    "qwen3_moe": ("qwen3_moe.modeling_qwen3_moe", "Qwen3MoeRotaryEmbedding"),
+    "seed_oss": ("seed_oss.modeling_seed_oss", "SeedOssRotaryEmbedding"),
+    "smollm3": ("smollm3.modeling_smollm3", "SmolLM3RotaryEmbedding"),
+    "stablelm": ("stablelm.modeling_stablelm", "StableLmRotaryEmbedding"),
+    "starcoder2": ("starcoder2.modeling_starcoder2", "Starcoder2RotaryEmbedding"),
+}
 
-    def _check_convention(self, rotary: nn.Module, layer_type: str | None, params: dict, spec: RotarySpec) -> None:
-        """Run the unscaled module on a few positions: its ``(cos, sin)`` must be ours at ``base ** (-2i/d)``.
-
-        This catches a family (or checkpoint) whose rotary module follows another convention, so it is
-        refused instead of silently mis-patched.
-        """
-        if params.get("rope_type", "default") != "default":
-            return
-        device = next((b.device for b in rotary.buffers()), None)
-        probe = torch.zeros(1, dtype=torch.float32, device=device)
-        positions = torch.arange(0, 4096, 257, device=device)[None]  # [1, 16]
-        args = (probe, positions) if layer_type is None else (probe, positions, layer_type)
-        cos, sin = rotary(*args)
-        freqs = positions[..., None].float() * default_inv_freq(spec.base, spec.dim, device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        if cos.shape != emb.shape or not (
-            torch.allclose(cos, emb.cos(), atol=1e-5) and torch.allclose(sin, emb.sin(), atol=1e-5)
-        ):
-            raise ValueError(
-                f"{self.name}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
-                f"rotary dim={spec.dim}; rope_ext cannot patch this checkpoint's RoPE variant"
-            )
-
-    # --- planning ----------------------------------------------------------------------------------
-
-    def plan(self, model: nn.Module, method: MethodConfig, layer_types: list[str] | None) -> PatchPlan:
-        assert isinstance(method, FrequencyConfig)
-        plan = PatchPlan()
-        for parent, attr, rotary in self.rotary_modules(model):
-            chosen = self._layer_types(rotary, layer_types)
-            specs = {lt: self.spec(rotary, lt, method) for lt in chosen}
-            replacement = RopeExtRotaryEmbedding(rotary, method, specs)
-            plan.edits.append(AttrEdit(parent, attr, replacement))
-            plan.edits.extend(self._config_edits(rotary.config, method, specs, layer_types))
-        return plan
-
-    def _config_edits(
-        self,
-        config: Any,
-        method: FrequencyConfig,
-        specs: dict[str | None, RotarySpec],
-        layer_types: list[str] | None,
-    ) -> list[AttrEdit]:
-        edits = [AttrEdit(config, CONFIG_KEY, saved_block(method, layer_types))]
-        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
-        if any(params is None or not self._accepts(params["rope_type"]) for params in native.values()):
-            return edits  # no native equivalent: the rope_ext block alone records the patch
-        rope_parameters = copy.deepcopy(config.rope_parameters)
-        for layer_type, params in native.items():
-            current = self._params(config, layer_type)
-            merged = {key: current[key] for key in _BASE_KEYS if key in current} | params
-            if layer_type is None:
-                rope_parameters = merged
-            else:
-                rope_parameters[layer_type] = merged
-        edits.append(AttrEdit(config, "rope_parameters", rope_parameters))
-        originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
-        if originals and hasattr(config, "original_max_position_embeddings"):
-            # Phi-3 keeps L at the top level and transformers gives that copy priority.
-            edits.append(AttrEdit(config, "original_max_position_embeddings", originals.pop()))
-        return edits
-
-    def _accepts(self, rope_type: str) -> bool:
-        return self.native_rope_types is None or rope_type in self.native_rope_types
-
-    def saved_block(self, model: nn.Module) -> tuple[Any, dict[str, Any]] | None:
-        for _, _, rotary in self.rotary_modules(model):
-            block = getattr(rotary.config, CONFIG_KEY, None)
-            if block is not None:
-                return rotary.config, block
-        return None
+for _name, (_module, _class, *_fields) in ROTARY_FAMILIES.items():
+    _rotary = getattr(importlib.import_module(f"transformers.models.{_module}"), _class)
+    register_family(RotaryFamily(_name, (_rotary,), **(_fields[0] if _fields else {})))

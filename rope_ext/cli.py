@@ -3,18 +3,175 @@
     rope-ext eval ppl --model default --methods none,yarn:factor=4 --lengths 2k,4k,8k,16k --out results/run1
     rope-ext eval passkey --methods none,yarn:factor=2 --lengths 4k,8k,12k --depths 0.1,0.5,0.9 --out results/run1
     rope-ext plot results/run1
+
+Method specs: name[:key=value...], methods of different hook kinds combined with '+' (a+b:key=value), or
+'none' (the unpatched model); values are JSON (4, 1.5, true, null, [1,1.5,2]) or else plain strings.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
+import os
+import re
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
-DEFAULT_METHODS = "none,pi:factor=2,yarn:factor=2,dynamic_ntk:factor=2"
-DEFAULT_LENGTHS = "2k,4k,8k,12k"
+if TYPE_CHECKING:
+    from rope_ext.methods import MethodConfig
+
+# The main job (`make demo`): ~6 minutes of forwards on a 2-core CPU (fp32 forwards of the default model take
+# ~10 s at 4k, ~30 s at 8k, ~65 s at 12k). PI (~3x worse at every length without fine-tuning) and the 2k
+# column (flat, like 4k) are left to `--methods` / `--lengths`; 12k shows what happens past the native 8192.
+DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2"
+DEFAULT_LENGTHS = "4k,8k,12k"
 DTYPES = ("float32", "bfloat16", "float16")
+SPEC_SYNTAX = (
+    "name[:key=value...] or 'none', methods of different hook kinds joined by '+' (e.g. yarn:factor=4, "
+    "a:x=1+b:y=2); values are JSON (4, 1.5, true, null, [1,1.5,2]) or plain strings"
+)
+
+# --- method specs -----------------------------------------------------------------------------------
+
+_EXPONENT = re.compile(r"(?<![\w.])\d+(?:\.\d*)?[eE]$")  # "1e" of "1e+3": that '+' joins no methods
+
+
+def _split(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` outside brackets, braces and double-quoted strings."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quoted, escaped = 0, False, False
+    for index, char in enumerate(text):
+        if quoted:
+            escaped, quoted = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif char == separator and depth == 0 and not (separator == "+" and _EXPONENT.search(text[:index])):
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    if depth or quoted:
+        raise ValueError(f"unbalanced brackets or quotes in {text!r}; expected {SPEC_SYNTAX}")
+    parts.append("".join(current))
+    return parts
+
+
+def _parse_value(text: str) -> Any:
+    """JSON when it parses (``4``, ``1.5``, ``true``, ``null``, ``[1,1.5,2]``), else the string itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_method_spec(spec: str) -> list[MethodConfig]:
+    """``"yarn:factor=4:beta_fast=16"`` -> ``[YarnConfig(factor=4, beta_fast=16)]``; ``"none"`` -> ``[]``;
+    ``"a:x=1+b:y=2"`` -> both configs (a combination for ``rope_ext.patch``: one method per hook kind)."""
+    from rope_ext.methods import make_config, make_configs
+
+    text = spec.strip()
+    if text == "none":
+        return []
+    configs = []
+    for part in _split(text, "+"):
+        name, *options = (piece.strip() for piece in _split(part, ":"))
+        if not name:
+            raise ValueError(f"missing method name in {spec!r}; expected {SPEC_SYNTAX}")
+        if name == "none":
+            raise ValueError(f"'none' (the unpatched model) takes no options and combines with nothing, got {spec!r}")
+        kwargs: dict[str, Any] = {}
+        for option in options:
+            key, sep, value = (piece.strip() for piece in option.partition("="))
+            if not sep or not key or not value:
+                raise ValueError(f"malformed method option {option!r} in {spec!r}; expected {SPEC_SYNTAX}")
+            if key in kwargs:
+                raise ValueError(f"option {key!r} given twice in {spec!r}")
+            kwargs[key] = _parse_value(value)
+        configs.append(make_config(name, **kwargs))
+    return list(make_configs(configs))  # one method per hook kind
+
+
+def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
+    """``"none,yarn:factor=4"`` -> ``{"none": [], "yarn:factor=4": [YarnConfig(factor=4)]}``; commas inside
+    brackets belong to a value (``longrope:long_factor=[1,1.5]``)."""
+    specs = [spec.strip() for spec in _split(text, ",") if spec.strip()]
+    if not specs:
+        raise ValueError("give at least one method, e.g. none,yarn:factor=4")
+    return {spec: parse_method_spec(spec) for spec in specs}
+
+
+# --- option values ----------------------------------------------------------------------------------
+
+
+def parse_depths(text: str) -> list[float]:
+    depths = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            depth = float(part)
+        except ValueError:
+            depth = math.nan
+        if not 0 <= depth <= 1:
+            raise ValueError(f"malformed depth {part!r}; give comma-separated numbers in [0, 1], e.g. 0.1,0.5,0.9")
+        depths.add(depth)
+    if not depths:
+        raise ValueError("give at least one depth in [0, 1], e.g. 0.1,0.5,0.9")
+    return sorted(depths)
+
+
+def _lengths(text: str) -> list[int]:
+    from rope_ext.eval.perplexity import parse_lengths
+
+    return parse_lengths(text)
+
+
+def _min_tokens(text: str) -> int:
+    from rope_ext.eval.perplexity import parse_length
+
+    return 0 if text.strip() == "0" else parse_length(text)
+
+
+def _option(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` whose ``ValueError`` message reaches the user (argparse would replace it)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__.strip("_")
+    return convert
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+
+    convert.__name__ = f"integer >= {low}"
+    return convert
+
+
+# --- commands ---------------------------------------------------------------------------------------
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
@@ -35,6 +192,11 @@ def _cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(out: str) -> None:
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out!r} is a file; give a folder (created if missing)")
+
+
 def _load(args: argparse.Namespace):
     import torch
 
@@ -42,7 +204,17 @@ def _load(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+    try:
+        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+    except (OSError, ValueError) as error:
+        if args.model == "default":
+            raise
+        found = "a folder" if Path(args.model).is_dir() else "no such folder, nor a hub model available"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
+            "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
+        ) from None
     native = model.config.max_position_embeddings
     return model, tokenizer, native
 
@@ -57,10 +229,13 @@ def _common_run_config(args: argparse.Namespace, native: int) -> dict:
 
 
 def _print_table(rows: list[dict], value: str, fmt: str, title: str) -> None:
+    print(f"\n{title}")
+    if not rows:
+        print("(no results)")
+        return
     methods = list(dict.fromkeys(row["method"] for row in rows))
     lengths = sorted({row["length"] for row in rows})
     cell = {(row["method"], row["length"]): row[value] for row in rows}
-    print(f"\n{title}")
     width = max(12, *(len(m) for m in methods))
     print(f"{'method':{width}s} " + " ".join(f"{L:>8d}" for L in lengths))
     for method in methods:
@@ -79,15 +254,32 @@ def _finish(args: argparse.Namespace, out: Path) -> None:
 
 def _cmd_eval_ppl(args: argparse.Namespace) -> int:
     from rope_ext.eval.data import load_documents, tokenize_documents
-    from rope_ext.eval.perplexity import parse_length, parse_lengths
     from rope_ext.eval.results import ResultStore
-    from rope_ext.eval.run import parse_methods, run_perplexity
+    from rope_ext.eval.run import check_methods, plan_targets, run_perplexity, target_ends
 
-    methods = parse_methods(args.methods)
-    lengths = parse_lengths(args.lengths)
-    min_tokens = parse_length(args.min_tokens) if args.min_tokens != "0" else 0
-    data = load_documents(args.dataset, args.text_files, args.split, args.text_column)  # fail fast on bad data
+    # every check before anything is written: a failed run must not leave a configuration behind
+    lengths = args.lengths
+    if args.protocol == "fixed" and args.target_tokens >= lengths[-1]:
+        raise ValueError(
+            f"--target-tokens {args.target_tokens} must be smaller than the longest of --lengths ({lengths[-1]}): "
+            "the fixed protocol scores the last --target-tokens tokens of each length"
+        )
+    if args.protocol == "sliding" and args.stride > lengths[0]:
+        raise ValueError(f"--stride {args.stride} must be at most the shortest of --lengths ({lengths[0]})")
+    _check_out(args.out)
+    data = load_documents(args.dataset, args.text_files, args.split, args.text_column)
     model, tokenizer, native = _load(args)
+    documents = tokenize_documents(data, tokenizer, min_tokens=args.min_tokens, max_documents=args.documents)
+    plan = plan_targets(documents, lengths, args.protocol, args.target_tokens)
+    if not any(plan.values()):
+        longest = max(d.num_tokens for d in documents)
+        also = f" and above --target-tokens {args.target_tokens}" if args.protocol == "fixed" else ""
+        raise ValueError(
+            f"--lengths {','.join(map(str, lengths))}: no document is that long (the longest has {longest} tokens); "
+            f"give lengths up to {longest}{also}, or longer texts"
+        )
+    check_methods(model, args.methods)
+    print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
     run_config = _common_run_config(args, native) | {
         "kind": "perplexity",
         "protocol": args.protocol,
@@ -97,16 +289,15 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         "text_files": args.text_files,
         "split": args.split,
         "text_column": args.text_column,
-        "min_tokens": min_tokens,
+        "min_tokens": args.min_tokens,
         "documents": args.documents,
+        "target_end": target_ends(plan),
     }
     store = ResultStore(args.out, "ppl", run_config, overwrite=args.overwrite)
-    documents = tokenize_documents(data, tokenizer, min_tokens=min_tokens, max_documents=args.documents)
-    print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
     summary = run_perplexity(
         model,
         documents,
-        methods,
+        args.methods,
         lengths,
         store,
         protocol=args.protocol,
@@ -119,26 +310,26 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_passkey(args: argparse.Namespace) -> int:
-    from rope_ext.eval.perplexity import parse_lengths
+    from rope_ext.eval.passkey import passkey_prompt
     from rope_ext.eval.results import ResultStore
-    from rope_ext.eval.run import parse_methods, run_passkey
+    from rope_ext.eval.run import check_methods, run_passkey
 
-    methods = parse_methods(args.methods)
-    lengths = parse_lengths(args.lengths)
-    depths = sorted({float(d) for d in args.depths.split(",")})
-    if any(not 0 <= d <= 1 for d in depths):
-        raise ValueError(f"depths must be in [0, 1], got {args.depths}")
-    if args.trials < 1:
-        raise ValueError(f"--trials must be >= 1, got {args.trials}")
+    _check_out(args.out)
     model, tokenizer, native = _load(args)
+    for length in args.lengths:
+        try:
+            passkey_prompt(tokenizer, length, 0.5, "00000")
+        except ValueError as error:
+            raise ValueError(f"--lengths: {error}") from None
+    check_methods(model, args.methods)
     run_config = _common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
     store = ResultStore(args.out, "passkey", run_config, overwrite=args.overwrite)
-    summary = run_passkey(model, tokenizer, methods, lengths, depths, args.trials, store, seed=args.seed)
+    summary = run_passkey(model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed)
     by_length: dict[tuple, list[float]] = {}
     for row in summary:
         by_length.setdefault((row["method"], row["length"]), []).append(row["accuracy"])
     rows = [{"method": m, "length": L, "accuracy": sum(v) / len(v)} for (m, L), v in by_length.items()]
-    _print_table(rows, "accuracy", ".0%", f"passkey accuracy, mean over depths {depths} x {args.trials} trial(s)")
+    _print_table(rows, "accuracy", ".0%", f"passkey accuracy, mean over depths {args.depths} x {args.trials} trial(s)")
     _finish(args, Path(args.out))
     return 0
 
@@ -151,19 +342,42 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- parser -----------------------------------------------------------------------------------------
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports bad arguments the way ``main`` reports every error: ``rope-ext: error: ...``, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (see {self.prog} --help)")
+
+
 def _add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: str, out: str) -> None:
     parser.add_argument("--model", default="default", help="'default' (embedded SmolLM2-135M), a folder or a hub id")
-    parser.add_argument("--methods", default=methods, help="comma-separated name[:key=value...] (default: %(default)s)")
-    parser.add_argument("--lengths", default=lengths, help="comma-separated token counts, 4k = 4096 (default: %(default)s)")
+    parser.add_argument(
+        "--methods",
+        type=_option(parse_methods),
+        default=methods,
+        help="comma-separated method specs: name[:key=value...], '+' combines methods, 'none' is the unpatched "
+        "model; values are JSON (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lengths", type=_option(_lengths), default=lengths, help="comma-separated token counts, 4k = 4096 "
+        "(default: %(default)s)"
+    )
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=_int_at_least(0), default=0, help="torch threads (default 0: torch's choice)")
     parser.add_argument("--out", default=out, help="results folder (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true", help="replace results of a different configuration")
     parser.add_argument("--no-plot", action="store_true", help="do not plot at the end")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rope-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="rope-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("methods", help="list the registered methods and their options").set_defaults(func=_cmd_methods)
     sub.add_parser("families", help="list the supported model families").set_defaults(func=_cmd_families)
@@ -172,20 +386,34 @@ def build_parser() -> argparse.ArgumentParser:
     ppl = evaluate.add_parser("ppl", help="perplexity vs context length")
     _add_model_options(ppl, DEFAULT_METHODS, DEFAULT_LENGTHS, "results/main")
     ppl.add_argument("--protocol", default="fixed", choices=("fixed", "curve", "sliding"))
-    ppl.add_argument("--target-tokens", type=int, default=1024, help="fixed protocol: tokens scored (default: %(default)s)")
-    ppl.add_argument("--stride", type=int, default=256, help="sliding protocol: window stride (default: %(default)s)")
-    ppl.add_argument("--dataset", help="a folder saved with Dataset.save_to_disk, or a hub dataset name (online)")
-    ppl.add_argument("--text-files", nargs="+", help="plain-text files, one document each")
+    ppl.add_argument(
+        "--target-tokens", type=_int_at_least(1), default=1024,
+        help="fixed protocol: tokens scored (default: %(default)s)",
+    )
+    ppl.add_argument(
+        "--stride", type=_int_at_least(1), default=256, help="sliding protocol: window stride (default: %(default)s)"
+    )
+    data = ppl.add_mutually_exclusive_group()
+    data.add_argument("--dataset", help="a folder saved with Dataset.save_to_disk, or a hub dataset name (online)")
+    data.add_argument("--text-files", nargs="+", help="plain-text files (UTF-8), one document each")
     ppl.add_argument("--split", default="train")
     ppl.add_argument("--text-column", default="text")
-    ppl.add_argument("--min-tokens", default="32k", help="keep documents at least this long (default: %(default)s)")
-    ppl.add_argument("--documents", type=int, default=1, help="at most this many documents, longest first")
+    ppl.add_argument(
+        "--min-tokens", type=_option(_min_tokens), default="32k",
+        help="keep documents at least this long (default: %(default)s)",
+    )
+    ppl.add_argument(
+        "--documents", type=_int_at_least(1), default=1, help="at most this many documents, longest first (default: 1)"
+    )
     ppl.set_defaults(func=_cmd_eval_ppl)
 
     passkey = evaluate.add_parser("passkey", help="passkey retrieval over a length x depth grid")
     _add_model_options(passkey, "none,yarn:factor=2,dynamic_ntk:factor=2", "4k,8k,12k", "results/passkey")
-    passkey.add_argument("--depths", default="0.1,0.5,0.9", help="relative key positions (default: %(default)s)")
-    passkey.add_argument("--trials", type=int, default=2, help="keys per cell (default: %(default)s)")
+    passkey.add_argument(
+        "--depths", type=_option(parse_depths), default="0.1,0.5,0.9", help="relative key positions in [0, 1] "
+        "(default: %(default)s)"
+    )
+    passkey.add_argument("--trials", type=_int_at_least(1), default=2, help="keys per cell (default: %(default)s)")
     passkey.add_argument("--seed", type=int, default=0)
     passkey.set_defaults(func=_cmd_eval_passkey)
 
@@ -195,11 +423,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _silence_stdout() -> None:
+    """After a closed pipe (``rope-ext families | head -1``): send what is left to /dev/null, so the
+    interpreter's final flush does not fail a second time."""
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as error:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return 128 + getattr(signal, "SIGPIPE", 13)  # what the shell reports for a tool killed by SIGPIPE
+    except KeyboardInterrupt:
+        print("rope-ext: interrupted (records written so far are kept: re-run to resume)", file=sys.stderr)
+        return 130
+    except (_UsageError, ValueError, OSError) as error:
         print(f"rope-ext: error: {error}", file=sys.stderr)
         return 2
 

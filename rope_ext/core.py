@@ -1,16 +1,27 @@
-"""``patch`` / ``unpatch`` / ``patched`` / ``get_patch``: in-place, recorded on the model, exactly undone."""
+"""``patch`` / ``unpatch`` / ``patched`` / ``get_patch``: in place, recorded on the model, exactly undone.
+
+``patch`` locates the model's position sites through its family adapter, lets the installer of each
+method's hook kind add its edits to one plan (a combination of methods is one plan: all or nothing),
+records the patch in the model config's ``rope_ext`` block, and only then applies the plan. The state
+lives on the transformers model itself, so a peft wrapper around it (made before or after patching)
+reaches the same patch.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import gc
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch import nn
 
-from rope_ext.methods import MethodConfig, get_method_class, list_methods, make_config
-from rope_ext.patches import PatchPlan, find_family
+from rope_ext.hooks.base import PatchPlan, PlanBuilder, RopeExtModule, get_hook
+from rope_ext.methods import MethodConfig, get_method_class, list_methods, make_configs
+from rope_ext.patches import CONFIG_KEY, find_family
 
 STATE_ATTR = "_rope_ext_state"
 ModelT = TypeVar("ModelT", bound=nn.Module)
@@ -20,71 +31,87 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 class PatchState:
     """What an active patch changed: enough to undo it exactly."""
 
-    method: MethodConfig
-    family: str
-    layer_types: list[str] | None
+    methods: tuple[MethodConfig, ...]
     plan: PatchPlan
 
 
-def patch(
-    model: ModelT,
-    method: MethodConfig | str | dict[str, Any],
-    *,
-    layer_types: list[str] | None = None,
-    **options: Any,
-) -> ModelT:
-    """Swap ``model``'s position encoding for ``method`` in place and return the same object.
+def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
+    """Swap ``model``'s position encoding in place and return the same object.
 
     ``method`` is a registered name (``rope_ext.list_methods()``) with its options as keyword arguments,
-    a dict with a ``"method"`` key, or a config object such as ``rope_ext.methods.YarnConfig(factor=4)``.
-    ``layer_types`` picks the layer types of models with several (Gemma 3; default ``["full_attention"]``).
-    Raises ``ValueError`` on bad input and ``RuntimeError`` if ``model`` is already patched; on any error
-    the model is left untouched.
+    a dict with a ``"method"`` key, a config object such as ``rope_ext.methods.YarnConfig(factor=4)``, or
+    a list of those combining methods of different hook kinds (each with its options in its own dict or
+    config). Site options go in the keyword arguments too: ``layer_types=[...]`` picks the layer types of
+    models with several (Gemma 3; default ``["full_attention"]``) and ``replace_scaling=True`` lets a
+    method replace the RoPE scaling a checkpoint already has.
+
+    Raises ``ValueError`` on bad input, ``TypeError`` if ``model`` is not a module and ``RuntimeError`` if
+    it (or part of it) is already patched; on any error the model is left untouched.
     """
-    config = make_config(method, **options)
-    current = get_patch(model)
+    _check_model(model)
+    current = _find_state(model)
     if current is not None:
+        owner, state = current
+        where = "" if owner is _anchor(model) else f" (through its submodule {type(owner).__name__})"
         raise RuntimeError(
-            f"model is already patched with {current!r}; call rope_ext.unpatch(model) before patching again"
+            f"model is already patched{where} with {_describe(state.methods)!r}; call rope_ext.unpatch(model) "
+            "before patching again"
         )
-    family = find_family(model)
-    if config.hook not in family.hooks:
-        raise ValueError(
-            f"method {config.method!r} needs a {config.hook!r} hook, which family {family.name!r} does not support; "
-            f"methods for {family.name}: {', '.join(methods_for(family.hooks))}"
+    installed = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
+    if installed is not None:
+        raise RuntimeError(
+            f"part of this model ({installed!r}) is already patched by rope_ext through a model that contains it; "
+            "unpatch that model first"
         )
-    plan = family.plan(model, config, list(layer_types) if layer_types is not None else None)
-    plan.apply()
-    setattr(model, STATE_ATTR, PatchState(config, family.name, layer_types, plan))
+    anchor = _anchor(model)
+    family = find_family(anchor)
+    sites = family.locate(anchor)
+    site_options = {name: default for kind in sites.by_kind.values() for site in kind for name, default in site.options.items()}
+    given = {name: options.pop(name) for name in list(options) if name in site_options}
+    configs = make_configs(method, **options)
+    for config in configs:
+        if config.hook not in family.hooks:
+            raise ValueError(
+                f"method {config.method!r} needs a {config.hook!r} hook, which family {family.name!r} does not "
+                f"support; methods for {family.name}: {', '.join(methods_for(family.hooks))}"
+            )
+
+    builder = PlanBuilder(sites, site_options | given)
+    for config in configs:
+        get_hook(config.hook).plan(builder, config)
+    builder.edit(sites.config, CONFIG_KEY, _saved_block(builder, configs, given))
+    _refuse_shared_configs(model, builder.plan)
+    builder.plan.apply()
+    setattr(anchor, STATE_ATTR, PatchState(configs, builder.plan))
     return model
 
 
 def unpatch(model: ModelT) -> ModelT:
     """Restore every module and config value ``patch`` replaced; raises if ``model`` is not patched."""
-    state: PatchState | None = getattr(model, STATE_ATTR, None)
-    if state is None:
+    _check_model(model)
+    found = _find_state(model)
+    if found is None:
         raise RuntimeError("model is not patched by rope_ext; nothing to unpatch")
+    owner, state = found
     state.plan.revert()
-    delattr(model, STATE_ATTR)
+    del owner.__dict__[STATE_ATTR]
     return model
 
 
-def get_patch(model: nn.Module) -> MethodConfig | None:
-    """The active method config, or ``None``."""
-    state: PatchState | None = getattr(model, STATE_ATTR, None)
-    return state.method if state is not None else None
+def get_patch(model: nn.Module) -> MethodConfig | tuple[MethodConfig, ...] | None:
+    """The active method config (a tuple of configs for a combination), or ``None``."""
+    _check_model(model)
+    found = _find_state(model)
+    if found is None:
+        return None
+    methods = found[1].methods
+    return methods[0] if len(methods) == 1 else methods
 
 
 @contextlib.contextmanager
-def patched(
-    model: ModelT,
-    method: MethodConfig | str | dict[str, Any],
-    *,
-    layer_types: list[str] | None = None,
-    **options: Any,
-) -> Iterator[ModelT]:
+def patched(model: ModelT, method: Any, **options: Any) -> Iterator[ModelT]:
     """``with rope_ext.patched(model, "ntk", factor=2): ...`` -- patched inside, restored on exit."""
-    patch(model, method, layer_types=layer_types, **options)
+    patch(model, method, **options)
     try:
         yield model
     finally:
@@ -94,3 +121,106 @@ def patched(
 def methods_for(hooks: frozenset[str]) -> list[str]:
     """Registered methods whose hook kind is in ``hooks``."""
     return [name for name in list_methods() if get_method_class(name).hook in hooks]
+
+
+def saved_patch(config: Any) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None] | None:
+    """``(methods, site options, base config values)`` recorded in a config's ``rope_ext`` block, or ``None``."""
+    block = getattr(config, CONFIG_KEY, None)
+    if block is None:
+        return None
+    if "method" in block:  # the block of rope_ext 0.1: one method, layer_types, no base values
+        options = {"layer_types": block["layer_types"]} if block.get("layer_types") is not None else {}
+        return [block["method"]], options, None
+    return block["methods"], block.get("options", {}), block.get("base")
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"rope_ext expects a loaded model (a torch.nn.Module such as a transformers or peft model), got "
+            f"{type(model).__name__} {model!r:.80}; load it first, e.g. AutoModelForCausalLM.from_pretrained(...)"
+        )
+
+
+def _anchor(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (where the patch state lives), else ``model``."""
+    get_base_model = getattr(type(model), "get_base_model", None)
+    return model.get_base_model() if callable(get_base_model) else model
+
+
+def _find_state(model: nn.Module) -> tuple[nn.Module, PatchState] | None:
+    """``(owner, state)`` of the patch on ``model`` or on one of its submodules."""
+    for module in model.modules():
+        state = module.__dict__.get(STATE_ATTR)
+        if state is not None:
+            return module, state
+    return None
+
+
+def _describe(methods: tuple[MethodConfig, ...]) -> Any:
+    return methods[0] if len(methods) == 1 else methods
+
+
+def _saved_block(builder: PlanBuilder, configs: tuple[MethodConfig, ...], given: dict[str, Any]) -> dict[str, Any]:
+    """What the model config carries under ``rope_ext``: the methods, the site options, and the values the
+    patch replaces in that config, so a reload can rebuild the unpatched model before patching it."""
+    config = builder.sites.config
+    base = {
+        edit.name: copy.deepcopy(getattr(config, edit.name)) if hasattr(config, edit.name) else None
+        for edit in builder.plan.edits
+        if edit.obj is config
+    }
+    return {"methods": [c.to_dict() for c in configs], "options": copy.deepcopy(given), "base": base}
+
+
+#: references to a config held by ``patch`` itself while it counts (``Sites.config``, the mapping iterated,
+#: the generators' closure cell, ``sys.getrefcount``'s argument); a test pins this number. Another model
+#: built from the same config adds at least three (its model, base model and rotary module).
+_OWN_TEMPORARY_REFERENCES = 4
+
+
+def _foreign_modules(config: Any, own: list[nn.Module]) -> list[nn.Module]:
+    """transformers models outside ``own`` (and not containing it) whose attributes hold ``config``: one scan of
+    the garbage collector's objects (and one per attribute dict found, to find the module owning it)."""
+    from transformers import PreTrainedModel
+
+    own_ids = {id(m) for m in own} | {id(vars(m)) for m in own}
+    foreign = []
+    for ref in gc.get_referrers(config):
+        if id(ref) in own_ids:
+            continue
+        owner = ref
+        if isinstance(ref, dict) and "_modules" in ref and "_parameters" in ref:  # a module's attribute dict
+            owner = next((r for r in gc.get_referrers(ref) if isinstance(r, nn.Module) and vars(r) is ref), None)
+        if isinstance(owner, PreTrainedModel) and not any(m is own[0] for m in owner.modules()):
+            foreign.append(owner)
+    return foreign
+
+
+def _refuse_shared_configs(model: nn.Module, plan: PatchPlan) -> None:
+    """A config object the plan edits must belong to this model alone (two models built from one config
+    object would both change, and unpatching one would undo the other's values).
+
+    Scanning every object for referrers costs ~0.2 s in a large process, so it runs only when the config has
+    more references than this model's modules, the plan and this function account for.
+    """
+    own = [*model.modules(), *(e.new for e in plan.edits if isinstance(e.new, nn.Module))]
+    configs = {id(e.obj): e.obj for e in plan.edits if not isinstance(e.obj, nn.Module)}
+    for config in configs.values():
+        known = sum(1 for m in own for value in vars(m).values() if value is config)
+        known += sum(1 for e in plan.edits if e.obj is config)
+        if sys.getrefcount(config) - known <= _OWN_TEMPORARY_REFERENCES:
+            continue
+        foreign = _foreign_modules(config, own)
+        if foreign:
+            gc.collect()  # a model that is gone but not yet collected does not count
+            foreign = _foreign_modules(config, own)
+        if foreign:
+            raise ValueError(
+                "this model's config object is shared with another model (built from the same config object, "
+                "not part of this one); patching would change both. Give each model its own config, e.g. build "
+                "the other from copy.deepcopy(config)"
+            )

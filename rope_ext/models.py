@@ -56,26 +56,38 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
     return model, AutoTokenizer.from_pretrained(name)
 
 
+#: ``from_pretrained`` keyword arguments that also apply to loading the config on its own.
+_CONFIG_KWARGS = ("revision", "subfolder", "trust_remote_code", "token", "cache_dir", "local_files_only", "gguf_file")
+
+
 def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` that also restores a patch recorded in ``config.json``.
 
-    Methods transformers has natively are already in the saved ``rope_parameters``; the ``rope_ext``
-    block brings back the others (and ``get_patch`` / ``unpatch`` for all).
+    The ``rope_ext`` block records the methods, their site options and the config values the patch
+    replaced. The model is built from the config with those values put back (so it is the unpatched model,
+    even where the saved ``rope_parameters`` hold transformers' native version of the method) and then
+    patched again: ``get_patch`` and ``unpatch`` work as on the model that was saved.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rope_ext.core import patch
+    from rope_ext.core import patch, saved_patch
     from rope_ext.methods import MethodConfig
-    from rope_ext.patches import CONFIG_KEY, find_family
+    from rope_ext.patches import CONFIG_KEY
 
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    try:
-        family = find_family(model)
-    except ValueError:
-        return model  # not a family rope_ext knows: nothing could have been recorded
-    found = family.saved_block(model)
+    config = kwargs.pop("config", None)
+    if config is None:
+        config = AutoConfig.from_pretrained(path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+    found = saved_patch(config)
     if found is None:
-        return model
-    config, block = found
-    delattr(config, CONFIG_KEY)
-    return patch(model, MethodConfig.from_dict(block["method"]), layer_types=block.get("layer_types"))
+        return AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    methods, options, base = found
+    for name, value in (base or {}).items():
+        if value is None:
+            if hasattr(config, name):
+                delattr(config, name)
+        else:
+            setattr(config, name, value)
+    if CONFIG_KEY in vars(config):
+        delattr(config, CONFIG_KEY)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    return patch(model, [MethodConfig.from_dict(m) for m in methods], **options)

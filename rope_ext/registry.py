@@ -20,6 +20,10 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
+    def unregister(self, name: str) -> None:
+        self.get(name)  # raises naming the valid ones
+        del self._items[name]
+
     def names(self) -> list[str]:
         return sorted(self._items)
 

@@ -17,7 +17,8 @@ import torch
 
 import rope_ext
 from rope_ext.eval.corpus import kjv_book
-from rope_ext.methods.base import parse_method_spec
+from rope_ext.cli import parse_methods
+from rope_ext.patches import find_family
 
 STATIC_METHODS = "none,pi:factor=2,ntk:factor=2,ntk_by_parts:factor=2,yarn:factor=2,llama3:factor=2"
 
@@ -41,9 +42,9 @@ def decode_tokens_per_second(model, prompt: torch.Tensor, new_tokens: int) -> fl
 
 
 @torch.no_grad()
-def rotary_microseconds(model, positions: torch.Tensor, iterations: int) -> float:
-    """Time of the rotary module alone (cos/sin for ``positions``): the only code a frequency patch changes."""
-    rotary = model.model.rotary_emb
+def rotary_microseconds(site, positions: torch.Tensor, iterations: int) -> float:
+    """Time of the module at the rotary site (cos/sin for ``positions``): the only code a frequency patch changes."""
+    rotary = getattr(site.parent, site.attribute)  # the original module, or rope_ext's replacement while patched
     x = torch.zeros(1, dtype=torch.float32)
     rotary(x, positions)
     began = time.perf_counter()
@@ -69,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out} exists; pass --overwrite to replace it", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    specs = args.methods.split(",")
-    methods = {spec: parse_method_spec(spec) for spec in specs}
+    methods = parse_methods(args.methods)
+    specs = list(methods)
     model, tokenizer = rope_ext.load_default_model()
+    (site,) = find_family(model).locate(model).get("rotary")
     ids = tokenizer(kjv_book("Genesis"), return_tensors="pt").input_ids
     prefill_ids, prompt = ids[:, : args.prefill_length], ids[:, : args.decode_prompt]
 
@@ -83,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for spec in specs:  # interleaved: every method sees the same machine state
             method = methods[spec]
-            if method is not None:
+            if method:
                 rope_ext.patch(model, method)
             prefill[spec].append(prefill_seconds(model, prefill_ids))
             decode[spec].append(decode_tokens_per_second(model, prompt, args.decode_tokens))
-            rotary[spec].append(rotary_microseconds(model, positions, 200))
-            if method is not None:
+            rotary[spec].append(rotary_microseconds(site, positions, 200))
+            if method:
                 rope_ext.unpatch(model)
             print(f"[{repeat + 1}/{args.repeats}] {spec:24s} prefill {prefill[spec][-1]:6.2f} s  "
                   f"decode {decode[spec][-1]:6.1f} tok/s  rotary {rotary[spec][-1]:7.1f} us", flush=True)

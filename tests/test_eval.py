@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from tiny import ORIGINAL_CONTEXT, input_ids, tiny_model
 
 import rope_ext
-from rope_ext.cli import main
+from rope_ext.cli import main, parse_method_spec, parse_methods
 from rope_ext.eval.data import Document, load_documents, tokenize_documents
 from rope_ext.eval.passkey import NEEDLE, is_correct, passkey_prompt, passkey_trial, trial_key
-from rope_ext.eval.perplexity import evaluate_document, parse_lengths, sliding_window_nll, token_nll
+from rope_ext.eval.perplexity import (
+    PerplexityRecord,
+    evaluate_document,
+    parse_lengths,
+    sliding_window_nll,
+    summarize,
+    token_nll,
+)
 from rope_ext.eval.results import ResultStore
-from rope_ext.eval.run import parse_methods, run_perplexity
+from rope_ext.eval.run import run_perplexity
+from rope_ext.methods import make_config
 
 LENGTHS = [32, 64, 128, 256]
 
@@ -31,8 +44,8 @@ def _records(model, document, protocol, dynamic=False, lengths=LENGTHS, **kw):
 @pytest.mark.parametrize("method", ["none", "yarn:factor=4", "pi:factor=2"])
 def test_fixed_and_curve_agree_per_token_for_static_methods(document, method):
     model = tiny_model("llama")
-    config = parse_methods(method)[method]
-    with rope_ext.patched(model, config) if config else torch.no_grad():
+    configs = parse_methods(method)[method]
+    with rope_ext.patched(model, configs[0]) if configs else torch.no_grad():
         ids = document.input_ids
         full = token_nll(model, ids, start=1)  # one forward: position p's loss is full[p - 1]
         for length in LENGTHS:
@@ -70,6 +83,75 @@ def test_fixed_targets_are_the_same_tokens_at_every_length(document):
     assert all(r.tokens_scored == 16 for r in fixed.values())
 
 
+def test_targets_depend_on_the_run_not_on_the_lengths_already_recorded(document):
+    model = tiny_model("llama")
+    fresh = _records(model, document, "fixed", target_tokens=16)
+    resumed = _records(model, document, "fixed", target_tokens=16, skip=lambda length: length == 256)
+    assert sorted(resumed) == [32, 64, 128]
+    for length, record in resumed.items():
+        assert (record.start, record.end) == (fresh[length].start, fresh[length].end) == (240, 256)
+        assert record.mean_nll == fresh[length].mean_nll
+    curve = _records(model, document, "curve", skip=lambda length: length < 128)
+    assert [(r.start, r.end, r.tokens_scored) for r in curve.values()] == [(64, 128, 64), (128, 256, 128)]
+
+
+def test_resumed_runs_keep_their_targets_or_are_refused(document, tmp_path):
+    model = tiny_model("llama")
+    kwargs = dict(target_tokens=16, log=lambda message: None)
+    records_path = tmp_path / "ppl_records.jsonl"
+
+    def spans() -> set[tuple[int, int]]:
+        return {(r["start"], r["end"]) for r in ResultStore(tmp_path, "ppl", {}).records()}
+
+    run_perplexity(model, [document], {"none": []}, [64, 256], ResultStore(tmp_path, "ppl", {}), **kwargs)
+    # resumed with a shorter length and an identity patch (PI at factor 1) added: every record scores
+    # the same 16 tokens, so the identity patch matches the unpatched model at every length
+    methods = {"none": [], "pi:factor=1": [make_config("pi", factor=1.0)]}
+    summary = run_perplexity(model, [document], methods, [64, 128, 256], ResultStore(tmp_path, "ppl", {}), **kwargs)
+    assert len(records_path.read_text().splitlines()) == 6 and spans() == {(240, 256)}
+    ppl = {(row["method"], row["length"]): row["perplexity"] for row in summary}
+    for length in (64, 128, 256):
+        assert ppl["pi:factor=1", length] == pytest.approx(ppl["none", length], rel=1e-5)
+    # a length list with another longest length would score other tokens: refused, nothing written
+    before = records_path.read_text()
+    for lengths in ([64, 128], [64, 128, 256 - 8]):
+        with pytest.raises(ValueError, match=r"results that score other positions than this run: none / 'doc' at "
+                           r"length 64 scored \[240, 256\), this run scores \[\d+, \d+\); pass --overwrite"):
+            run_perplexity(model, [document], methods, lengths, ResultStore(tmp_path, "ppl", {}), **kwargs)
+    assert records_path.read_text() == before
+    store = ResultStore(tmp_path, "ppl", {}, overwrite=True)
+    run_perplexity(model, [document], methods, [64, 128], store, **kwargs)
+    assert len(records_path.read_text().splitlines()) == 4 and spans() == {(112, 128)}
+
+
+def test_curve_buckets_changed_by_an_added_length_are_refused(document, tmp_path):
+    model = tiny_model("llama")
+    run_perplexity(model, [document], {"none": []}, [64, 256], ResultStore(tmp_path, "ppl", {}), protocol="curve")
+    with pytest.raises(ValueError, match=r"length 256 scored \[64, 256\), this run scores \[128, 256\)"):
+        run_perplexity(model, [document], {"none": []}, [64, 128, 256], ResultStore(tmp_path, "ppl", {}),
+                       protocol="curve")
+
+
+def _record(method: str, length: int, start: int, end: int) -> PerplexityRecord:
+    return PerplexityRecord(method, [], "fixed", "doc", length, start, end, end - start, 2.0, 7.39, 0.1, 1.0)
+
+
+def test_summary_never_mixes_records_that_score_different_positions():
+    rows = summarize([_record("none", 64, 240, 256), _record("pi", 64, 240, 256), _record("pi", 128, 240, 256)])
+    assert len(rows) == 3
+    with pytest.raises(ValueError, match=r"fixed-protocol records of document 'doc' score different positions "
+                       r"\(\[112, 128\), \[240, 256\)\): they come from runs with different length lists"):
+        summarize([_record("none", 64, 240, 256), _record("pi", 128, 112, 128)])
+
+
+def test_records_are_plain_fields():
+    """Runs key records by ``record_key`` / ``passkey_key`` on their dicts; the classes carry no second key."""
+    from rope_ext.eval.passkey import PasskeyRecord
+
+    for cls in (PerplexityRecord, PasskeyRecord):
+        assert [name for name, value in vars(cls).items() if isinstance(value, property)] == []
+
+
 def test_sliding_window(document):
     model = tiny_model("llama")
     ids = document.input_ids
@@ -90,9 +172,7 @@ def test_lengths_beyond_the_document_are_skipped_with_a_message(document, tmp_pa
     model = tiny_model("llama")
     store = ResultStore(tmp_path, "ppl", {"run": 1})
     messages: list[str] = []
-    summary = run_perplexity(
-        model, [document], {"none": None}, [64, 512], store, target_tokens=16, log=messages.append
-    )
+    summary = run_perplexity(model, [document], {"none": []}, [64, 512], store, target_tokens=16, log=messages.append)
     assert [row["length"] for row in summary] == [64]
     assert messages == ["skipping length 512 for 'doc': it provides 256 tokens, not enough (no padding)"]
 
@@ -106,6 +186,41 @@ def test_parse_lengths_and_methods():
         parse_methods("none,yarm:factor=2")
     with pytest.raises(ValueError, match=r"malformed method option 'factor'"):
         parse_methods("yarn:factor")
+
+
+def test_method_specs_take_json_values_and_combinations():
+    assert parse_method_spec(" none ") == []
+    assert parse_method_spec("yarn:factor=4:beta_fast=16") == [make_config("yarn", factor=4, beta_fast=16)]
+    assert parse_method_spec("yarn:factor=1e+1:attention_factor=null") == [make_config("yarn", factor=10.0)]
+    (longrope,) = parse_method_spec("longrope:factor=2:long_factor=[1,1.5,2]")
+    assert longrope.long_factor == (1.0, 1.5, 2.0)
+    with pytest.raises(ValueError, match=r"'yarn' and 'pi' are both 'frequency' methods"):  # one per hook kind
+        parse_method_spec("yarn:factor=4+pi:factor=2")
+    with pytest.raises(ValueError, match=r"factor must be a finite number > 0, got 'abc'"):  # not JSON: a string
+        parse_method_spec("yarn:factor=abc")
+    longrope = "longrope:factor=2:long_factor=[1,1.5]:short_factor=[1,1]"
+    methods = parse_methods(f"none, {longrope},ntk:factor=2")
+    assert list(methods) == ["none", longrope, "ntk:factor=2"]
+    assert methods["none"] == [] and [c.method for c in methods["ntk:factor=2"]] == ["ntk"]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("yarn:factor", "malformed method option 'factor' in 'yarn:factor'; expected name[:key=value...]"),
+        ("yarn:=4", "malformed method option '=4' in 'yarn:=4'; expected name[:key=value...]"),
+        ("yarn:factor=[1,2", "unbalanced brackets or quotes in 'yarn:factor=[1,2'; expected name[:key=value...]"),
+        ("yarn:factor=4]", "unbalanced brackets or quotes in 'yarn:factor=4]'; expected name[:key=value...]"),
+        ("yarn:factor=4+", "missing method name in 'yarn:factor=4+'; expected name[:key=value...]"),
+        (":factor=4", "missing method name in ':factor=4'; expected name[:key=value...]"),
+        ("none+yarn:factor=2", "'none' (the unpatched model) takes no options and combines with nothing"),
+        ("yarn:factor=2:factor=3", "option 'factor' given twice in 'yarn:factor=2:factor=3'"),
+        ("yarm:factor=2", "unknown method 'yarm'; valid methods"),
+    ],
+)
+def test_malformed_method_specs_name_the_syntax(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_methods(spec)
 
 
 class _CharTokenizer:
@@ -149,7 +264,34 @@ def test_passkey_trial_runs_on_a_tiny_model():
     model = tiny_model("llama")
     record = passkey_trial(model, _CharTokenizer(), 300, 0.5, 0, method="none")
     assert record.length == 300 and len(record.key) == 5 and isinstance(record.correct, bool)
-    assert record.correct == is_correct(record.answer, record.key)
+    assert record.config == []
+
+
+class _AnsweringModel(torch.nn.Module):
+    """Answers every prompt with ``answer`` (as token ids that ``_CharTokenizer.decode`` turns back into it)."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__()
+        self.answer = answer
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.prompt_lengths: list[int] = []
+
+    def generate(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.prompt_lengths.append(ids.shape[-1])
+        return torch.cat([ids, torch.tensor([[ord(c) for c in self.answer]])], dim=-1)
+
+
+def test_passkey_trial_scores_the_answer_against_the_hidden_key():
+    key = trial_key(0, 300, 0.5, 0)
+    model = _AnsweringModel(f" {key}. Remember it.")
+    right = passkey_trial(model, _CharTokenizer(), 300, 0.5, 0, seed=0)
+    assert model.prompt_lengths == [300]
+    assert (right.key, right.answer, right.correct) == (key, f" {key}. Remember it.", True)
+    other = str((int(key) - 10_000 + 1) % 90_000 + 10_000)  # another 5-digit number
+    wrong = passkey_trial(_AnsweringModel(f" {other}. Remember it."), _CharTokenizer(), 300, 0.5, 0, seed=0)
+    assert (wrong.key, wrong.correct) == (key, False)
+    shifted = passkey_trial(_AnsweringModel(f" {key}."), _CharTokenizer(), 300, 0.5, 0, seed=1)
+    assert shifted.key != key and shifted.correct is False  # another seed hides another key
 
 
 # --- data, results folder and CLI -------------------------------------------------------------------
@@ -268,3 +410,136 @@ def test_cli_passkey_and_plot(tmp_path, tiny_checkpoint, capsys):
     assert main(["plot", str(tmp_path)]) == 0
     assert "passkey.png" in capsys.readouterr().out
     assert main(["plot", str(tmp_path / "empty")]) == 2
+
+
+def _ppl(checkpoint, out, *extra, text=None, lengths="32,64,128", methods="none"):
+    data = [] if "--dataset" in extra or "--text-files" in extra else ["--text-files", str(text)]
+    return main(
+        ["eval", "ppl", "--model", str(checkpoint), *data, "--min-tokens", "0", "--lengths", lengths,
+         "--target-tokens", "16", "--methods", methods, "--out", str(out), "--no-plot", *extra]
+    )
+
+
+def _jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_checkpoint, capsys):
+    checkpoint, text = tiny_checkpoint  # one document of 400 tokens
+    out = tmp_path / "run"
+    assert _ppl(checkpoint, out, text=text, lengths="32,128") == 0
+    assert json.loads((out / "ppl_run.json").read_text())["target_end"] == {"doc.txt": 128}
+    # a shorter length and a method added: the targets stay the last 16 tokens before 128
+    assert _ppl(checkpoint, out, text=text, lengths="32,64,128", methods="none,pi:factor=2") == 0
+    records = _jsonl(out / "ppl_records.jsonl")
+    assert len(records) == 6 and {(r["start"], r["end"]) for r in records} == {(112, 128)}
+    pi = make_config("pi", factor=2).to_dict()
+    assert {r["method"]: r["config"] for r in records} == {"none": [], "pi:factor=2": [pi]}
+    capsys.readouterr()
+    # another longest length would move the targets: refused before computing anything
+    for lengths in ("32,64,256", "32,64"):
+        assert _ppl(checkpoint, out, text=text, lengths=lengths) == 2
+        assert "different configuration (differs in: target_end); pass --overwrite" in capsys.readouterr().err
+    assert _jsonl(out / "ppl_records.jsonl") == records
+    assert _ppl(checkpoint, out, "--overwrite", text=text, lengths="32,64,256") == 0
+    assert {(r["start"], r["end"]) for r in _jsonl(out / "ppl_records.jsonl")} == {(240, 256)}
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--lengths", "512,1k"], "--lengths 512,1024: no document is that long (the longest has 400 tokens)"),
+        (["--text-files", "{empty}"], "--lengths 32,64,128: no document is that long (the longest has 0 tokens)"),
+        (["--documents", "0"], "argument --documents: must be an integer >= 1, got '0'"),
+        (["--target-tokens", "0"], "argument --target-tokens: must be an integer >= 1, got '0'"),
+        (["--target-tokens", "128"], "--target-tokens 128 must be smaller than the longest of --lengths (128)"),
+        (["--protocol", "sliding", "--stride", "0"], "argument --stride: must be an integer >= 1, got '0'"),
+        (["--protocol", "sliding", "--stride", "-3"], "argument --stride: must be an integer >= 1, got '-3'"),
+        (["--protocol", "sliding", "--stride", "64"], "--stride 64 must be at most the shortest of --lengths (32)"),
+        (["--protocol", "nope"], "argument --protocol: invalid choice: 'nope'"),
+        (["--threads", "-1"], "argument --threads: must be an integer >= 0, got '-1'"),
+        (["--min-tokens", "-5"], "argument --min-tokens: malformed length '-5'; use a number of tokens"),
+        (["--model", "{tmp}/no-model"], "--model '{tmp}/no-model': cannot load it (no such folder"),
+        (["--model", "{tmp}"], "--model '{tmp}': cannot load it (a folder: "),
+        (["--out", "{file}"], "--out '{file}' is a file; give a folder"),
+        (["--dataset", "{tmp}/no-data"], "--dataset '{tmp}/no-data': "),
+        (["--text-files", "{binary}"], "--text-files: {binary} is not UTF-8 text"),
+        (["--methods", "none,longrope:long_factor=[1,2]"], "method 'longrope:long_factor=[1,2]' cannot patch this "
+         "model: longrope: long_factor has 2 entries"),
+    ],
+)
+def test_cli_bad_values_give_one_line_and_leave_nothing_behind(tmp_path, tiny_checkpoint, capsys, extra, message):
+    checkpoint, text = tiny_checkpoint
+    files = {"tmp": tmp_path / "elsewhere", "empty": tmp_path / "empty.txt", "file": tmp_path / "file",
+             "binary": tmp_path / "binary.txt"}
+    files["tmp"].mkdir()
+    files["empty"].write_text("")
+    files["file"].write_text("")
+    files["binary"].write_bytes(bytes(range(256)))
+    extra = [arg.format(**files) for arg in extra]
+    out = tmp_path / "run"
+    assert _ppl(checkpoint, out, *extra, text=text) == 2
+    err = capsys.readouterr().err
+    assert f"rope-ext: error: {message.format(**files)}" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_cli_corrected_rerun_after_a_failure_is_not_blocked(tmp_path, tiny_checkpoint, capsys):
+    checkpoint, text = tiny_checkpoint
+    assert _ppl(checkpoint, tmp_path, "--target-tokens", "0", text=text) == 2
+    assert _ppl(checkpoint, tmp_path, "--target-tokens", "8", text=text) == 0
+    assert json.loads((tmp_path / "ppl_run.json").read_text())["target_tokens"] == 8
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--depths", "abc"], "argument --depths: malformed depth 'abc'; give comma-separated numbers in [0, 1]"),
+        (["--depths", "0.5,2"], "argument --depths: malformed depth '2'; give comma-separated numbers in [0, 1]"),
+        (["--trials", "0"], "argument --trials: must be an integer >= 1, got '0'"),
+        (["--lengths", "10"], "--lengths: length 10 is too short for the passkey prompt"),
+        (["--methods", "none,yarn:factor"], "argument --methods: malformed method option 'factor' in 'yarn:factor'"),
+    ],
+)
+def test_cli_passkey_bad_values(tmp_path, tiny_checkpoint, capsys, extra, message):
+    checkpoint, _ = tiny_checkpoint
+    args = ["eval", "passkey", "--model", str(checkpoint), "--lengths", "64", "--out", str(tmp_path / "run"), *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"rope-ext: error: {message}" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_output_into_a_closed_pipe_ends_quietly():
+    """``rope-ext families | head -1``: no traceback, the status a shell reports for SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "rope_ext.cli", "families"], stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_plotting_leaves_the_matplotlib_backend_alone(tmp_path):
+    import matplotlib
+
+    import rope_ext.eval.plot as plot
+
+    ResultStore(tmp_path, "ppl", {"protocol": "fixed", "native_context": 64}).write_tables(
+        [], [{"method": m, "length": L, "perplexity": p} for m, p in (("none", 9.0), ("yarn", 8.0)) for L in (32, 64)]
+    )
+    ResultStore(tmp_path, "passkey", {}).write_tables(
+        [], [{"method": "none", "length": L, "depth": d, "accuracy": 1.0} for L in (32, 64) for d in (0.0, 1.0)]
+    )
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        importlib.reload(plot)  # the module's import as a notebook would do it, after choosing its backend
+        assert [p.name for p in plot.plot_run(tmp_path)] == ["ppl.png", "passkey.png"]
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    assert (tmp_path / "ppl.png").read_bytes()[:4] == b"\x89PNG"

@@ -151,7 +151,7 @@ def test_save_and_reload(tmp_path, family, method):
     expected = logits(model, ids)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["rope_ext"]["method"] == make_config(method, **options).to_dict()
+    assert saved["rope_ext"]["methods"] == [make_config(method, **options).to_dict()]
 
     restored = rope_ext.from_pretrained(tmp_path)
     assert rope_ext.get_patch(restored) == make_config(method, **options)
@@ -235,7 +235,7 @@ def test_native_dynamic_written_only_when_equivalent():
     model = tiny_model("llama")
     rope_ext.patch(model, "dynamic_ntk", factor=2.0, original_max_position_embeddings=32)
     assert model.config.rope_parameters["rope_type"] == "default"  # transformers would use L=64
-    assert model.config.rope_ext["method"]["original_max_position_embeddings"] == 32
+    assert model.config.rope_ext["methods"][0]["original_max_position_embeddings"] == 32
 
 
 # --- bad input -------------------------------------------------------------------------------------
@@ -304,11 +304,12 @@ def test_missing_original_context_length():
 
 def test_failed_apply_rolls_back(monkeypatch):
     """An error half way through installing leaves no edit behind."""
-    from rope_ext.patches import base
+    from rope_ext.hooks import base
 
     model = tiny_model("llama")
     ids = input_ids(LONG)
     before = logits(model, ids)
+    rotary = model.model.rotary_emb
     original_apply = base.AttrEdit.apply
     calls = {"n": 0}
 
@@ -324,7 +325,7 @@ def test_failed_apply_rolls_back(monkeypatch):
     monkeypatch.undo()
     assert calls["n"] == 2
     _assert_untouched(model, ids, before)
-    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+    assert model.model.rotary_emb is rotary
 
 
 def test_unknown_rope_variant_is_refused():

@@ -40,18 +40,33 @@ def load_documents(
         missing = [path for path in text_files if not os.path.isfile(path)]
         if missing:
             raise FileNotFoundError(f"text files not found: {', '.join(missing)}")
+        for path in text_files:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    while handle.read(1 << 20):
+                        pass
+            except UnicodeDecodeError as error:
+                raise ValueError(f"--text-files: {path} is not UTF-8 text ({error})") from None
         data = load_dataset("text", data_files=list(text_files), sample_by="document", split="train")
         return data.add_column("title", [os.path.basename(path) for path in text_files])
     if dataset is None:
         return kjv_books()
-    if os.path.isdir(dataset):
-        data = load_from_disk(dataset)
-        if hasattr(data, "keys"):  # a DatasetDict
-            data = data[split]
-    else:
-        data = load_dataset(dataset, split=split)
+    try:
+        data = load_from_disk(dataset) if os.path.isdir(dataset) else load_dataset(dataset, split=split)
+    except (OSError, ValueError) as error:  # datasets' not-found and offline errors are OSErrors
+        raise ValueError(
+            f"--dataset {dataset!r}: {error} (give a folder written by Dataset.save_to_disk, or a hub dataset "
+            "name with HF_HUB_OFFLINE unset)"
+        ) from None
+    if hasattr(data, "keys"):  # a DatasetDict
+        if split not in data:
+            raise ValueError(f"--split {split!r}: {dataset} has splits {', '.join(data)}")
+        data = data[split]
     if text_column not in data.column_names:
-        raise ValueError(f"dataset has no column {text_column!r}; columns: {', '.join(data.column_names)}")
+        raise ValueError(
+            f"--text-column {text_column!r}: the dataset has no column {text_column!r}; columns: "
+            f"{', '.join(data.column_names)}"
+        )
     if text_column != "text":
         data = data.rename_column(text_column, "text")
     if "title" not in data.column_names:

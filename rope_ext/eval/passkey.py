@@ -28,8 +28,8 @@ QUESTION = "\nWhat is the pass key? The pass key is"
 
 @dataclass
 class PasskeyRecord:
-    method: str
-    config: dict[str, Any] | None
+    method: str  # the spec as given, e.g. "yarn:factor=2" or "none"
+    config: list[dict[str, Any]]  # the method configs (to_dict), [] for the unpatched model
     length: int
     depth: float
     trial: int
@@ -38,10 +38,6 @@ class PasskeyRecord:
     correct: bool
     seconds: float
     peak_memory_mb: float
-
-    @property
-    def key_tuple(self) -> tuple:
-        return passkey_key(self.method, self.length, self.depth, self.trial)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +98,7 @@ def passkey_trial(
     trial: int,
     *,
     method: str = "none",
-    config: dict[str, Any] | None = None,
+    config: list[dict[str, Any]] | None = None,
     seed: int = 0,
 ) -> PasskeyRecord:
     key = trial_key(seed, length, depth, trial)
@@ -110,7 +106,7 @@ def passkey_trial(
     answer = answer_passkey(model, tokenizer, passkey_prompt(tokenizer, length, depth, key))
     return PasskeyRecord(
         method=method,
-        config=config,
+        config=[] if config is None else config,
         length=length,
         depth=depth,
         trial=trial,

@@ -1,14 +1,19 @@
 """Perplexity against context length, three protocols, each returning plain records.
 
-* ``fixed`` -- fixed targets: the same last ``target_tokens`` tokens of a document's first
-  ``max(lengths)`` tokens, scored with a growing context ``L`` (input = the ``L`` tokens ending there).
-  An ideal model never gets worse with more context; the README's headline protocol.
+* ``fixed`` -- fixed targets: the same last ``target_tokens`` tokens of a document's first ``E`` tokens,
+  scored with a growing context ``L`` (input = the ``L`` tokens ending there). ``E`` is the longest
+  length of the run the document provides: fixed by the document and the run's length list, never by
+  which records a resumed run already has. An ideal model never gets worse with more context; the
+  README's headline protocol.
 * ``curve`` -- position curve: one forward over the first ``max(lengths)`` tokens, per-token losses
   averaged over the buckets ``(L_prev, L]``. Causal attention makes one forward serve every length for
   static methods; methods whose frequencies depend on the total length (``dynamic``) get one forward
-  per length, scoring that length's bucket.
+  per length, scoring that length's bucket. The buckets come from the run's whole length list.
 * ``sliding`` -- sliding window of ``L`` tokens moved by ``stride``, scoring only tokens no earlier
   window scored (the YaRN reference evaluation, and transformers' perplexity guide).
+
+Every record names the positions it scored, ``start .. end - 1``; records scoring different positions
+are never averaged into one table (``summarize`` raises).
 """
 
 from __future__ import annotations
@@ -75,21 +80,18 @@ def token_nll(model: nn.Module, input_ids: torch.Tensor, start: int = 1) -> torc
 
 @dataclass
 class PerplexityRecord:
-    method: str  # the spec as given, e.g. "yarn:factor=4" or "none"
-    config: dict[str, Any] | None  # the method config (to_dict), None for the unpatched model
+    method: str  # the spec as given, e.g. "yarn:factor=4", "dca+yarn:factor=4" or "none"
+    config: list[dict[str, Any]]  # the method configs (to_dict), [] for the unpatched model
     protocol: str
     document: str
     length: int  # context length L (curve: the bucket's end)
     start: int  # first scored position in the document
+    end: int  # one past the last scored position
     tokens_scored: int
     mean_nll: float
     perplexity: float
     seconds: float  # the forward(s) that produced it (curve, static: the one shared forward)
     peak_memory_mb: float  # CUDA allocator peak on GPU, else the process's peak RSS so far
-
-    @property
-    def key(self) -> tuple:
-        return record_key(self.method, self.protocol, self.document, self.length)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,7 +101,8 @@ def record_key(method: str, protocol: str, document: str, length: int) -> tuple:
     return (method, protocol, document, int(length))
 
 
-def _record(method, config, protocol, document, length, start, nll: torch.Tensor, seconds) -> PerplexityRecord:
+def _record(method, config, protocol, document, length, span, nll: torch.Tensor, seconds) -> PerplexityRecord:
+    start, end = span
     mean = float(nll.double().mean())
     return PerplexityRecord(
         method=method,
@@ -108,6 +111,7 @@ def _record(method, config, protocol, document, length, start, nll: torch.Tensor
         document=document,
         length=int(length),
         start=int(start),
+        end=int(end),
         tokens_scored=int(nll.numel()),
         mean_nll=mean,
         perplexity=math.exp(mean),
@@ -119,8 +123,29 @@ def _record(method, config, protocol, document, length, start, nll: torch.Tensor
 def usable_lengths(document: Document, lengths: list[int], protocol: str, target_tokens: int) -> list[int]:
     """The lengths this document can provide; the rest are skipped (reported by the caller), never padded."""
     if protocol == "fixed":
-        return [L for L in lengths if target_tokens < L <= document.num_tokens]
-    return [L for L in lengths if L <= document.num_tokens]
+        return sorted(L for L in lengths if target_tokens < L <= document.num_tokens)
+    return sorted(L for L in lengths if L <= document.num_tokens)
+
+
+def target_spans(
+    document: Document, lengths: list[int], protocol: str, target_tokens: int
+) -> dict[int, tuple[int, int]]:
+    """``{L: (start, end)}``: the positions ``start .. end - 1`` scored at each length the document provides.
+
+    A function of the document and the run's whole length list only: fixed -- the last ``target_tokens``
+    before the longest usable length; curve -- ``[previous usable length, L)`` (the first from 1);
+    sliding -- the whole document.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}")
+    usable = usable_lengths(document, lengths, protocol, target_tokens)
+    if not usable:
+        return {}
+    if protocol == "fixed":
+        return {L: (usable[-1] - target_tokens, usable[-1]) for L in usable}
+    if protocol == "curve":
+        return {hi: (lo, hi) for lo, hi in zip([1, *usable], usable)}
+    return {L: (1, document.num_tokens) for L in usable}
 
 
 def evaluate_document(
@@ -129,44 +154,49 @@ def evaluate_document(
     lengths: list[int],
     *,
     method: str = "none",
-    config: dict[str, Any] | None = None,
+    config: list[dict[str, Any]] | None = None,
     dynamic: bool = False,
     protocol: str = "fixed",
     target_tokens: int = 1024,
     stride: int = 256,
     skip: Callable[[int], bool] = lambda length: False,
 ) -> Iterator[PerplexityRecord]:
-    """Records for one document under the model's current patch, lengths ascending."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}")
-    lengths = sorted(L for L in lengths if not skip(L))
-    if not lengths:
+    """Records for one document under the model's current patch, lengths ascending.
+
+    ``lengths`` is the run's whole length list (it decides the targets, see ``target_spans``); ``skip``
+    only leaves out lengths already recorded.
+    """
+    spans = target_spans(document, lengths, protocol, target_tokens)
+    todo = [L for L in spans if not skip(L)]
+    if not todo:
         return
     ids = document.input_ids
-    args = (method, config, protocol, document.title)
+    args = (method, [] if config is None else config, protocol, document.title)
     if protocol == "fixed":
-        end = max(lengths)
-        for length in lengths:
+        for length in todo:
+            end = spans[length][1]
             began = time.perf_counter()
             nll = token_nll(model, ids[:, end - length : end], start=length - target_tokens)
-            yield _record(*args, length, end - target_tokens, nll, time.perf_counter() - began)
+            yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
     elif protocol == "curve":
-        bounds = [1, *lengths]
         if dynamic:
-            for lo, hi in zip(bounds, bounds[1:]):
+            for length in todo:
+                start, end = spans[length]
                 began = time.perf_counter()
-                nll = token_nll(model, ids[:, :hi], start=lo)
-                yield _record(*args, hi, lo, nll, time.perf_counter() - began)
+                nll = token_nll(model, ids[:, :end], start=start)
+                yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
         else:
             began = time.perf_counter()
-            nll = token_nll(model, ids[:, : max(lengths)], start=1)  # nll[i] is position i + 1
+            nll = token_nll(model, ids[:, : max(todo)], start=1)  # nll[i] is position i + 1
             seconds = time.perf_counter() - began
-            for lo, hi in zip(bounds, bounds[1:]):
-                yield _record(*args, hi, lo, nll[lo - 1 : hi - 1], seconds)
+            for length in todo:
+                start, end = spans[length]
+                yield _record(*args, length, spans[length], nll[start - 1 : end - 1], seconds)
     else:
-        for length in lengths:
+        for length in todo:
             began = time.perf_counter()
-            yield _record(*args, length, 1, sliding_window_nll(model, ids, length, stride), time.perf_counter() - began)
+            nll = sliding_window_nll(model, ids, length, stride)
+            yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
 
 
 def sliding_window_nll(model: nn.Module, input_ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
@@ -188,8 +218,27 @@ def sliding_window_nll(model: nn.Module, input_ids: torch.Tensor, window: int, s
     return torch.cat(pieces)
 
 
+def check_same_targets(records: list[PerplexityRecord]) -> None:
+    """Raise unless records that share a table score the same positions: per document, one span for
+    every length under the fixed protocol, and one span per length (for every method) otherwise."""
+    spans: dict[tuple, set[tuple[int, int]]] = {}
+    for r in records:
+        where = (r.protocol, r.document) if r.protocol == "fixed" else (r.protocol, r.document, r.length)
+        spans.setdefault(where, set()).add((r.start, r.end))
+    for where, found in spans.items():
+        if len(found) > 1:
+            at = f" at length {where[2]}" if len(where) > 2 else ""
+            scored = ", ".join(f"[{a}, {b})" for a, b in sorted(found))
+            raise ValueError(
+                f"{where[0]}-protocol records of document {where[1]!r}{at} score different positions ({scored}): "
+                "they come from runs with different length lists and cannot share one table; "
+                "re-run with --overwrite (or into another --out)"
+            )
+
+
 def summarize(records: list[PerplexityRecord]) -> list[dict[str, Any]]:
-    """Token-weighted mean NLL over documents, per (method, protocol, length)."""
+    """Token-weighted mean NLL over documents, per (method, protocol, length); raises on mixed targets."""
+    check_same_targets(records)
     groups: dict[tuple, list[PerplexityRecord]] = {}
     for record in records:
         groups.setdefault((record.method, record.protocol, record.length), []).append(record)

@@ -1,15 +1,16 @@
-"""Pictures from a results folder: perplexity vs context length, and passkey heatmaps."""
+"""Pictures from a results folder: perplexity vs context length, and passkey heatmaps.
+
+Drawn with matplotlib's object-oriented API (``Figure``, saved by its own canvas): no pyplot, no
+global backend, so plotting from a notebook leaves its backend and figures alone.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from rope_ext.eval.results import load_results  # noqa: E402
+from rope_ext.eval.results import load_results
 
 
 def _length_label(length: int) -> str:
@@ -22,7 +23,8 @@ def plot_perplexity(out: str | Path) -> Path | None:
         return None
     run, rows = results["run"], results["summary"]
     methods = list(dict.fromkeys(row["method"] for row in rows))
-    figure, axis = plt.subplots(figsize=(7.5, 4.8))
+    figure = Figure(figsize=(7.5, 4.8))
+    axis = figure.subplots()
     styles = ["-", "--", "-.", ":"]
     for index, method in enumerate(methods):
         points = sorted((row["length"], row["perplexity"]) for row in rows if row["method"] == method)
@@ -46,7 +48,6 @@ def plot_perplexity(out: str | Path) -> Path | None:
     figure.tight_layout()
     path = Path(out) / "ppl.png"
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path
 
 
@@ -58,9 +59,8 @@ def plot_passkey(out: str | Path) -> Path | None:
     methods = list(dict.fromkeys(row["method"] for row in rows))
     lengths = sorted({row["length"] for row in rows})
     depths = sorted({row["depth"] for row in rows})
-    figure, axes = plt.subplots(
-        1, len(methods), figsize=(2.8 * len(methods) + 1.2, 3.4), squeeze=False, sharey=True, layout="constrained"
-    )
+    figure = Figure(figsize=(2.8 * len(methods) + 1.2, 3.4), layout="constrained")
+    axes = figure.subplots(1, len(methods), squeeze=False, sharey=True)
     image = None
     for axis, method in zip(axes[0], methods):
         grid = [[float("nan")] * len(lengths) for _ in depths]
@@ -80,7 +80,6 @@ def plot_passkey(out: str | Path) -> Path | None:
     figure.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     path = Path(out) / "passkey.png"
     figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
     return path
 
 

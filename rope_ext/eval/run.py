@@ -1,4 +1,8 @@
-"""Evaluation runs: every method over documents and lengths, resumable, with results files and plots."""
+"""Evaluation runs: every method over documents and lengths, resumable, with results files and plots.
+
+A method is a list of configs: ``[]`` is the unpatched model, one config a single method, several a
+combination (``rope_ext.patch`` takes the list).
+"""
 
 from __future__ import annotations
 
@@ -11,37 +15,54 @@ from tqdm.auto import tqdm
 from rope_ext.core import patched
 from rope_ext.eval.data import Document
 from rope_ext.eval.passkey import PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
-from rope_ext.eval.perplexity import (
-    PerplexityRecord,
-    evaluate_document,
-    record_key,
-    summarize,
-    usable_lengths,
-)
+from rope_ext.eval.perplexity import PerplexityRecord, evaluate_document, record_key, summarize, target_spans
 from rope_ext.eval.results import ResultStore
 from rope_ext.methods import MethodConfig
-from rope_ext.methods.base import parse_method_spec
+
+Methods = dict[str, list[MethodConfig]]  # spec as given -> its configs
 
 
-def parse_methods(text: str) -> dict[str, MethodConfig | None]:
-    """``"none,yarn:factor=4"`` -> ``{"none": None, "yarn:factor=4": YarnConfig(factor=4)}``."""
-    specs = [spec.strip() for spec in text.split(",") if spec.strip()]
-    if not specs:
-        raise ValueError("give at least one method, e.g. none,yarn:factor=4")
-    return {spec: parse_method_spec(spec) for spec in specs}
-
-
-def _with_method(model: nn.Module, config: MethodConfig | None, work: Callable[[], Any]) -> Any:
-    if config is None:
+def _with_method(model: nn.Module, configs: list[MethodConfig], work: Callable[[], Any]) -> Any:
+    if not configs:
         return work()
-    with patched(model, config):
+    with patched(model, list(configs)):
         return work()
+
+
+def check_methods(model: nn.Module, methods: Methods) -> None:
+    """Patch and unpatch once with every method, so one the model cannot take fails before any work."""
+    for spec, configs in methods.items():
+        try:
+            _with_method(model, configs, lambda: None)
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise ValueError(f"method {spec!r} cannot patch this model: {error}") from None
+
+
+def _config_dicts(configs: list[MethodConfig]) -> list[dict[str, Any]]:
+    return [config.to_dict() for config in configs]
+
+
+def _dynamic(configs: list[MethodConfig]) -> bool:
+    return any(getattr(config, "dynamic", False) for config in configs)
+
+
+def plan_targets(
+    documents: list[Document], lengths: list[int], protocol: str, target_tokens: int
+) -> dict[str, dict[int, tuple[int, int]]]:
+    """Per document title, ``{L: (start, end)}`` for the lengths it provides (see ``target_spans``)."""
+    return {d.title: target_spans(d, lengths, protocol, target_tokens) for d in documents}
+
+
+def target_ends(plan: dict[str, dict[int, tuple[int, int]]]) -> dict[str, int | None]:
+    """Per document, one past the last position the run scores (None: no length fits): with the protocol
+    and ``target_tokens``, what a results folder must keep for its records to stay comparable."""
+    return {title: max((end for _, end in spans.values()), default=None) for title, spans in plan.items()}
 
 
 def run_perplexity(
     model: nn.Module,
     documents: list[Document],
-    methods: dict[str, MethodConfig | None],
+    methods: Methods,
     lengths: list[int],
     store: ResultStore,
     *,
@@ -50,18 +71,34 @@ def run_perplexity(
     stride: int = 256,
     log: Callable[[str], None] = tqdm.write,
 ) -> list[dict[str, Any]]:
-    """Evaluate every method on every document at every usable length; returns the summary rows."""
-    done = {record_key(r["method"], r["protocol"], r["document"], r["length"]) for r in store.records()}
-    usable_by_title = {d.title: usable_lengths(d, lengths, protocol, target_tokens) for d in documents}
+    """Evaluate every method on every document at every usable length; returns the summary rows.
+
+    Records already in ``store`` are kept only when they scored the positions this run would; a record
+    of the same method, document and length that scored others is refused (``--overwrite`` replaces
+    the folder's records).
+    """
+    plan = plan_targets(documents, lengths, protocol, target_tokens)
     for document in documents:
-        for length in sorted(set(lengths) - set(usable_by_title[document.title])):
+        for length in sorted(set(lengths) - set(plan[document.title])):
             reason = f"target {target_tokens} tokens" if length <= target_tokens else f"{document.num_tokens} tokens"
             log(f"skipping length {length} for {document.title!r}: it provides {reason}, not enough (no padding)")
+    done: set[tuple] = set()
+    for r in store.records():
+        planned = plan.get(r["document"], {}).get(r["length"]) if r["protocol"] == protocol else None
+        if r["method"] not in methods or planned is None:
+            continue
+        if (r.get("start"), r.get("end")) != planned:
+            store.refuse(
+                f"that score other positions than this run: {r['method']} / {r['document']!r} at length "
+                f"{r['length']} scored [{r.get('start')}, {r.get('end')}), this run scores [{planned[0]}, {planned[1]})"
+            )
+            done.clear()
+            break
+        done.add(record_key(r["method"], r["protocol"], r["document"], r["length"]))
     work = [(spec, document) for spec in methods for document in documents]
-    bar = tqdm(total=sum(len(usable_by_title[d.title]) for _, d in work), unit="len")
+    bar = tqdm(total=sum(len(plan[d.title]) for _, d in work), unit="len")
     for spec, document in work:
-        config = methods[spec]
-        usable = usable_by_title[document.title]
+        configs = methods[spec]
         bar.set_description(f"{spec} / {document.title}")
         skip = lambda length: record_key(spec, protocol, document.title, length) in done  # noqa: E731
 
@@ -69,10 +106,10 @@ def run_perplexity(
             for record in evaluate_document(
                 model,
                 document,
-                usable,
+                lengths,
                 method=spec,
-                config=config.to_dict() if config is not None else None,
-                dynamic=bool(getattr(config, "dynamic", False)),
+                config=_config_dicts(configs),
+                dynamic=_dynamic(configs),
                 protocol=protocol,
                 target_tokens=target_tokens,
                 stride=stride,
@@ -81,10 +118,14 @@ def run_perplexity(
                 store.append(record.to_dict())
                 bar.update(1)
 
-        bar.update(sum(1 for length in usable if skip(length)))
-        _with_method(model, config, evaluate)
+        bar.update(sum(1 for length in plan[document.title] if skip(length)))
+        _with_method(model, configs, evaluate)
     bar.close()
-    records = [r for r in store.records() if r["method"] in methods and r["length"] in lengths]
+    records = [
+        r
+        for r in store.records()
+        if r["method"] in methods and r["protocol"] == protocol and r["length"] in plan.get(r["document"], {})
+    ]
     summary = summarize([PerplexityRecord(**r) for r in records])
     store.write_tables(records, summary)
     return summary
@@ -93,7 +134,7 @@ def run_perplexity(
 def run_passkey(
     model: nn.Module,
     tokenizer: Any,
-    methods: dict[str, MethodConfig | None],
+    methods: Methods,
     lengths: list[int],
     depths: list[float],
     trials: int,
@@ -105,7 +146,7 @@ def run_passkey(
     done = {passkey_key(r["method"], r["length"], r["depth"], r["trial"]) for r in store.records()}
     cells = [(L, d, t) for L in lengths for d in depths for t in range(trials)]
     bar = tqdm(total=len(methods) * len(cells), unit="trial")
-    for spec, config in methods.items():
+    for spec, configs in methods.items():
         bar.set_description(spec)
         todo = [cell for cell in cells if passkey_key(spec, *cell) not in done]
         bar.update(len(cells) - len(todo))
@@ -113,19 +154,12 @@ def run_passkey(
         def evaluate() -> None:
             for length, depth, trial in todo:
                 record = passkey_trial(
-                    model,
-                    tokenizer,
-                    length,
-                    depth,
-                    trial,
-                    method=spec,
-                    config=config.to_dict() if config is not None else None,
-                    seed=seed,
+                    model, tokenizer, length, depth, trial, method=spec, config=_config_dicts(configs), seed=seed
                 )
                 store.append(record.to_dict())
                 bar.update(1)
 
-        _with_method(model, config, evaluate)
+        _with_method(model, configs, evaluate)
     bar.close()
     wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells}
     records = [r for r in store.records() if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]

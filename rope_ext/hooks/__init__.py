@@ -1,5 +1,27 @@
-"""Modules that stand in for a model's own position modules while a patch is active."""
+"""Hook installers, one per hook kind, and the modules that stand in for a model's own position modules."""
 
-from rope_ext.hooks.rotary import RopeExtRotaryEmbedding
+from rope_ext.hooks.base import (
+    HookInstaller,
+    PlanBuilder,
+    RopeExtModule,
+    Site,
+    Sites,
+    get_hook,
+    register_hook,
+    unregister_hook,
+)
+from rope_ext.hooks.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite
 
-__all__ = ["RopeExtRotaryEmbedding"]
+__all__ = [
+    "FrequencyInstaller",
+    "HookInstaller",
+    "PlanBuilder",
+    "RopeExtModule",
+    "RopeExtRotaryEmbedding",
+    "RotarySite",
+    "Site",
+    "Sites",
+    "get_hook",
+    "register_hook",
+    "unregister_hook",
+]

@@ -1,39 +1,53 @@
-"""The frequency hook: a drop-in for a family's shared ``rotary_emb`` module.
+"""The rotary site and the frequency hook.
 
-It keeps transformers' contract -- ``forward(x, position_ids[, layer_type]) -> (cos, sin)`` with
-``cos = cat(freqs, freqs).cos() * attention_factor`` -- and takes its ``(inv_freq, attention_factor)``
-from a frequency method. Static methods compute them once (a non-persistent buffer, so state dicts are
-unchanged); dynamic ones recompute from the current length ``max(position_ids) + 1`` on every call,
-with no hidden cache, so a forward's result depends only on its inputs. Layer types the patch does not
-cover (Gemma 3's sliding-window layers by default) go to the original module, kept as ``.original``.
+``RotarySite`` is a family's shared ``rotary_emb`` module (transformers' contract:
+``forward(x, position_ids[, layer_type]) -> (cos, sin)`` with ``cos = cat(freqs, freqs).cos() *
+attention_factor``, HF's ``rotate_half`` convention: pair ``i`` is dims ``i`` and ``i + d/2``). Its
+replacement, ``RopeExtRotaryEmbedding``, is one module that every hook kind working on rotary positions
+configures; the frequency hook gives it ``(inv_freq, attention_factor)`` from a frequency method.
+
+Static methods compute their frequencies once (a non-persistent buffer, so state dicts are unchanged);
+dynamic ones recompute from the current length ``max(position_ids) + 1`` on every call, as a device
+tensor (no host sync, so ``torch.compile(fullgraph=True)`` holds) and with no hidden cache, so a
+forward's result depends only on its inputs. Layer types the patch does not cover (Gemma 3's
+sliding-window layers by default) go to the original module, kept as ``.original``.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
 
-from rope_ext.methods.frequency import FrequencyConfig, RotarySpec
+from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
+from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
+from rope_ext.methods.frequency import default_inv_freq
+
+#: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
+_BASE_KEYS = ("rope_theta", "partial_rotary_factor")
 
 
 def _buffer_name(layer_type: str | None) -> str:
     return "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
 
 
-class RopeExtRotaryEmbedding(nn.Module):
-    def __init__(
-        self,
-        original: nn.Module,
-        method: FrequencyConfig,
-        specs: dict[str | None, RotarySpec],
-    ) -> None:
+class RopeExtRotaryEmbedding(RopeExtModule):
+    """Drop-in for a family's rotary module; configured by the hooks that work on rotary positions."""
+
+    def __init__(self, original: nn.Module) -> None:
         super().__init__()
         self.original = original
-        self.method = method
-        self.specs = specs
         self.config = getattr(original, "config", None)
-        device = next((b.device for b in original.buffers()), None)
+        self.method: FrequencyConfig | None = None
+        self.specs: dict[str | None, RotarySpec] = {}
         self.attention_scaling: dict[str | None, float] = {}
+
+    def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
+        device = next((b.device for b in self.original.buffers()), None)
+        self.method, self.specs = method, specs
         for layer_type, spec in specs.items():
             method.check_spec(spec)
             if method.dynamic:
@@ -44,10 +58,10 @@ class RopeExtRotaryEmbedding(nn.Module):
 
     def frequencies(
         self, position_ids: torch.Tensor, layer_type: str | None, device: torch.device
-    ) -> tuple[torch.Tensor, float]:
+    ) -> tuple[torch.Tensor, float | torch.Tensor]:
         """``(inv_freq [d/2], attention_factor)`` in effect for this call."""
         if self.method.dynamic:
-            seq_len = int(position_ids.max()) + 1
+            seq_len = position_ids.max() + 1  # a device tensor: no host sync
             return self.method.frequencies(self.specs[layer_type], seq_len, device=device)
         return getattr(self, _buffer_name(layer_type)), self.attention_scaling[layer_type]
 
@@ -69,4 +83,219 @@ class RopeExtRotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         layer_types = [lt for lt in self.specs if lt is not None]
         suffix = f", layer_types={layer_types}" if layer_types else ""
-        return f"method={self.method.method}{suffix}"
+        return f"method={self.method.method if self.method else None}{suffix}"
+
+
+@dataclass(eq=False)
+class RotarySite(Site):
+    """A rotary module, where it hangs (``parent.attribute``), and what its family's config accepts."""
+
+    kind: ClassVar[str] = "rotary"
+    options: ClassVar[dict[str, Any]] = {"layer_types": None, "replace_scaling": False}
+
+    family: str
+    parent: nn.Module
+    attribute: str
+    module: nn.Module
+    #: layer types patched by default on a model with several (Gemma 3: ``("full_attention",)``)
+    default_layer_types: tuple[str, ...] | None = None
+    #: rope types this family's config class accepts natively (``None``: all of transformers')
+    native_rope_types: frozenset[str] | None = None
+
+    @property
+    def config(self) -> Any:
+        return self.module.config
+
+    def replacement(self, builder: PlanBuilder) -> RopeExtRotaryEmbedding:
+        return builder.replacement(self, lambda: (self.parent, self.attribute, RopeExtRotaryEmbedding(self.module)))
+
+    def layer_types(self, requested: list[str] | None) -> list[str | None]:
+        available = getattr(self.module, "layer_types", None)
+        if requested is not None and not isinstance(requested, (list, tuple)):
+            raise ValueError(f"{self.family}: layer_types must be a list of layer types, got {requested!r}")
+        if not available:
+            if requested is not None:
+                raise ValueError(f"{self.family}: this model has one rotary embedding; layer_types must be None")
+            return [None]
+        available = list(available)
+        if requested is None:
+            requested = [lt for lt in (self.default_layer_types or available) if lt in available]
+        if not requested:
+            raise ValueError(f"{self.family}: layer_types is empty; choose at least one of {available}")
+        bad = [lt for lt in requested if lt not in available]
+        if bad:
+            raise ValueError(f"{self.family}: unknown layer_types {bad}; valid layer types: {available}")
+        return list(requested)
+
+    def params(self, layer_type: str | None) -> dict[str, Any]:
+        params = self.config.rope_parameters
+        return params[layer_type] if layer_type is not None else params
+
+    def original_length(self, layer_type: str | None) -> int | None:
+        """L, the pre-training context, as the checkpoint's config gives it."""
+        params, config = self.params(layer_type), self.config
+        return (
+            params.get("original_max_position_embeddings")
+            or getattr(config, "original_max_position_embeddings", None)
+            or getattr(config, "max_position_embeddings", None)
+        )
+
+    def spec(self, layer_type: str | None, method: FrequencyConfig, replace_scaling: bool) -> RotarySpec:
+        config, params = self.config, self.params(layer_type)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        native = self.original_length(layer_type)
+        if not native and not method.original_max_position_embeddings:
+            raise ValueError(
+                f"{self.family}: the model config gives no original context length "
+                "(max_position_embeddings); pass original_max_position_embeddings=..."
+            )
+        requested = method.original_max_position_embeddings
+        if requested and native and requested > native:
+            raise ValueError(
+                f"{method.method}: original_max_position_embeddings={requested} exceeds the model's original "
+                f"context {native} (from its config); valid: 2..{native}"
+            )
+        original = int(requested or native)
+        if original < 2:
+            raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")
+        spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original)
+        self._check_existing_scaling(layer_type, params, replace_scaling)
+        self._check_convention(layer_type, params, spec)
+        return spec
+
+    def _check_existing_scaling(self, layer_type: str | None, params: dict[str, Any], replace: bool) -> None:
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "default" or replace:
+            return
+        scaling = {k: v for k, v in params.items() if k not in _BASE_KEYS and not isinstance(v, list)}
+        where = f" ({layer_type} layers)" if layer_type else ""
+        raise ValueError(
+            f"{self.family}: this checkpoint already uses RoPE scaling{where}: {scaling}; rope_ext would replace "
+            "it (the new method starts again from the unscaled base frequencies and the original context). "
+            "Pass replace_scaling=True to do so."
+        )
+
+    def _expected_inv_freq(self, layer_type: str | None, params: dict[str, Any], spec: RotarySpec, device):
+        """``(inv_freq, attention_factor)`` the checkpoint's own rope type gives, from transformers' init function."""
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "default":
+            return default_inv_freq(spec.base, spec.dim, device), 1.0
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+        return ROPE_INIT_FUNCTIONS[rope_type](self.config, device, **kwargs)
+
+    def _check_convention(self, layer_type: str | None, params: dict[str, Any], spec: RotarySpec) -> None:
+        """Run the original module on a few positions: its ``(cos, sin)`` must be standard RoPE (``rotate_half``
+        layout) with the frequencies its rope type gives (transformers' own init function for that type).
+
+        This catches a family (or checkpoint) whose rotary module follows another convention, so it is
+        refused instead of silently mis-patched. The expected frequencies are rounded to the dtype the module
+        keeps them in (a model cast to bf16 after loading holds a bf16 ``inv_freq``), so the comparison is
+        exact up to float32 arithmetic, whatever the model's dtype. Positions stay inside the original
+        context, and the module's state is put back afterwards (dynamic rope types update it on a call).
+        """
+        module = self.module
+        buffers = [b for b in module.buffers() if b.is_floating_point()]
+        device = buffers[0].device if buffers else None
+        kept = buffers[0].dtype if buffers else torch.float32
+        inv_freq, attention_factor = self._expected_inv_freq(layer_type, params, spec, device)
+        inv_freq = inv_freq.to(kept).float()
+        probe = torch.zeros(1, dtype=torch.float32, device=device)
+        stop = min(4096, spec.original_max_position_embeddings)
+        positions = torch.arange(0, stop, max(1, stop // 16), device=device)[None]  # [1, ~16]
+        state = _snapshot(module)
+        try:
+            cos, sin = module(probe, positions) if layer_type is None else module(probe, positions, layer_type)
+        finally:
+            _restore(module, state)
+        freqs = positions[..., None].float() * inv_freq.to(device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        expected_cos, expected_sin = emb.cos() * attention_factor, emb.sin() * attention_factor
+        tolerance = 1e-5
+        diff = (
+            float("inf")
+            if cos.shape != emb.shape
+            else max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
+        )
+        if not diff <= tolerance:
+            shape = f"shape {tuple(cos.shape)} against {tuple(emb.shape)}" if cos.shape != emb.shape else f"max |diff| {diff:.3g}"
+            raise ValueError(
+                f"{self.family}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
+                f"rotary dim={spec.dim} (rope type {params.get('rope_type', 'default')!r}): its cos/sin at positions "
+                f"0..{int(positions.max())} were compared with cat(freqs, freqs) using inv_freq held in {kept} "
+                f"({shape}, tolerance {tolerance}); rope_ext cannot patch this checkpoint's RoPE variant"
+            )
+
+    # --- config edits ------------------------------------------------------------------------------
+
+    def accepts(self, rope_type: str) -> bool:
+        return self.native_rope_types is None or rope_type in self.native_rope_types
+
+
+def _snapshot(module: nn.Module) -> dict[str, Any]:
+    """The module's attributes, buffer table and buffer values (some rope types update buffers in place)."""
+    buffers = dict(module._buffers)
+    values = {k: v.clone() for k, v in buffers.items() if v is not None}
+    return {"attributes": dict(vars(module)), "buffers": buffers, "values": values}
+
+
+def _restore(module: nn.Module, state: dict[str, Any]) -> None:
+    module.__dict__.clear()
+    module.__dict__.update(state["attributes"])
+    module._buffers.clear()
+    module._buffers.update(state["buffers"])
+    for name, value in state["values"].items():
+        if not torch.equal(module._buffers[name], value):
+            module._buffers[name].copy_(value)
+
+
+class FrequencyInstaller(HookInstaller):
+    """Frequency methods: new ``(inv_freq, attention_factor)`` in the rotary replacement, plus the config values
+    that let ``save_pretrained`` reload without rope_ext where transformers has the same method natively."""
+
+    kind = HOOK_FREQUENCY
+    site_kind = RotarySite.kind
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        assert isinstance(method, FrequencyConfig)
+        replace = builder.option("replace_scaling")
+        if not isinstance(replace, bool):
+            raise ValueError(f"replace_scaling must be True or False, got {replace!r}")
+        for site in builder.sites.get(RotarySite.kind):
+            chosen = site.layer_types(builder.option("layer_types"))
+            specs = {lt: site.spec(lt, method, replace) for lt in chosen}
+            site.replacement(builder).set_frequency(method, specs)
+            self._config_edits(builder, site, method, specs)
+
+    def _config_edits(
+        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
+    ) -> None:
+        config = site.config
+        if not method.dynamic:
+            # The extended context (HF's convention for scaled checkpoints: max_position_embeddings is the new
+            # length, rope_parameters keep the original). Dynamic methods have no fixed length, and
+            # transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
+            extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
+            if extended > (getattr(config, "max_position_embeddings", None) or 0):
+                builder.edit(config, "max_position_embeddings", extended)
+        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
+        if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
+            return  # no native equivalent: the rope_ext block alone records the patch
+        rope_parameters = copy.deepcopy(config.rope_parameters)
+        for layer_type, params in native.items():
+            current = site.params(layer_type)
+            merged = {key: current[key] for key in _BASE_KEYS if key in current} | params
+            if layer_type is None:
+                rope_parameters = merged
+            else:
+                rope_parameters[layer_type] = merged
+        builder.edit(config, "rope_parameters", rope_parameters)
+        originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
+        if originals and hasattr(config, "original_max_position_embeddings"):
+            # Phi-3 keeps L at the top level and transformers gives that copy priority.
+            builder.edit(config, "original_max_position_embeddings", originals.pop())
+
+
+register_hook(FrequencyInstaller())

@@ -6,7 +6,9 @@ from rope_ext.methods.base import (
     get_method_class,
     list_methods,
     make_config,
+    make_configs,
     register_method,
+    unregister_method,
 )
 from rope_ext.methods.frequency import (
     DynamicNTKConfig,
@@ -37,5 +39,7 @@ __all__ = [
     "get_method_class",
     "list_methods",
     "make_config",
+    "make_configs",
     "register_method",
+    "unregister_method",
 ]

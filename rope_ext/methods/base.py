@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from rope_ext.registry import Registry
 
-#: Hook kinds a method can need. Only ``frequency`` exists so far; ``bias``, ``positions`` and
-#: ``attention`` are the kinds the window and bias methods will use.
+#: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.hooks``; the window,
+#: bias and absolute-table methods bring kinds of their own (``attention``, ``bias``, ``absolute``).
 HOOK_FREQUENCY = "frequency"
 
 _METHODS: Registry[type[MethodConfig]] = Registry("method", "valid methods")
@@ -26,6 +26,10 @@ _METHODS: Registry[type[MethodConfig]] = Registry("method", "valid methods")
 def register_method(cls: type[MethodConfig]) -> type[MethodConfig]:
     """Class decorator: make ``cls`` available under ``cls.method``."""
     return _METHODS.register(cls.method, cls)
+
+
+def unregister_method(name: str) -> None:
+    _METHODS.unregister(name)
 
 
 def list_methods() -> list[str]:
@@ -41,7 +45,7 @@ def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> M
     """Build a method config from a name plus keyword arguments, a dict with a ``"method"`` key, or a config."""
     if isinstance(method, MethodConfig):
         if kwargs:
-            return dataclasses.replace(method, **kwargs)
+            return MethodConfig.from_dict({**method.to_dict(), **kwargs})
         return method
     if isinstance(method, dict):
         if "method" not in method:
@@ -51,6 +55,33 @@ def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> M
         cls = get_method_class(method)
         return cls._build(kwargs)
     raise TypeError(f"method must be a name, a dict or a MethodConfig, not {type(method).__name__}")
+
+
+def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
+    """One config, or several from a list (a combination: at most one method per hook kind).
+
+    Options given as keyword arguments belong to a single method; a combination takes each method's
+    options inside its own dict or config.
+    """
+    if not isinstance(method, (list, tuple)):
+        return (make_config(method, **kwargs),)
+    if not method:
+        raise ValueError(f"give at least one method; valid methods: {', '.join(list_methods())}")
+    if kwargs:
+        raise ValueError(
+            f"options {', '.join(sorted(kwargs))} are ambiguous for a combination of methods; give each method's "
+            'options in its own dict or config, e.g. [{"method": "yarn", "factor": 4}, "logn"]'
+        )
+    configs = tuple(make_config(item) for item in method)
+    kinds: dict[str, str] = {}
+    for config in configs:
+        if config.hook in kinds:
+            raise ValueError(
+                f"methods {kinds[config.hook]!r} and {config.method!r} are both {config.hook!r} methods; a combination "
+                "takes at most one method per hook kind"
+            )
+        kinds[config.hook] = config.method
+    return configs
 
 
 @dataclass(frozen=True)
@@ -95,40 +126,5 @@ def check_positive(method: str, name: str, value: Any, *, allow_none: bool = Fal
 def check_context_length(method: str, value: Any) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{method}: original_max_position_embeddings must be a positive int, got {value!r}")
-
-
-def _parse_value(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    if text.startswith("["):
-        return [_parse_value(item.strip()) for item in text.strip("[]").split(";") if item.strip()]
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_method_spec(spec: str) -> MethodConfig | None:
-    """``"yarn:factor=4:beta_fast=16"`` -> ``YarnConfig(factor=4, beta_fast=16)``; ``"none"`` -> ``None``.
-
-    Lists use ``;`` inside brackets: ``longrope:factor=4:long_factor=[1;1.5;2;...]``.
-    """
-    name, *options = spec.strip().split(":")
-    if name == "none":
-        if options:
-            raise ValueError(f"'none' (the unpatched model) takes no options, got {spec!r}")
-        return None
-    kwargs: dict[str, Any] = {}
-    for option in options:
-        key, sep, value = option.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"malformed method option {option!r} in {spec!r}; expected name:key=value[:key=value]")
-        kwargs[key] = _parse_value(value)
-    return make_config(name, **kwargs)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise ValueError(f"{method}: original_max_position_embeddings must be an int >= 2, got {value!r}")

@@ -71,18 +71,39 @@ def default_inv_freq(base: float, dim: int, device: torch.device | None = None) 
     return 1.0 / (base**exponents)
 
 
-def ntk_base(base: float, dim: int, factor: float) -> float:
+def ntk_base(base: float, dim: int, factor: float | torch.Tensor) -> float | torch.Tensor:
     """NTK-aware base change: ``b * s ** (d / (d - 2))``."""
     return base * factor ** (dim / (dim - 2))
 
 
-def dynamic_scale(factor: float, seq_len: int, original: int) -> float:
-    """Effective scale of the dynamic methods: ``s * l / L - (s - 1)``, never below 1."""
+#: A sequence length: a Python int, or a 0-d tensor (``max(position_ids) + 1`` inside a forward, kept on
+#: the device so the dynamic methods need no host sync and compile into one graph).
+SeqLen = int | torch.Tensor
+
+
+def dynamic_scale(factor: float, seq_len: SeqLen, original: int) -> float | torch.Tensor:
+    """Effective scale of the dynamic methods: ``s * l / L - (s - 1)``, never below 1.
+
+    For a tensor length the arithmetic is transformers' own (float32, ``l`` raised to ``L`` first), so
+    dynamic NTK stays bitwise equal to its native ``dynamic`` rope type.
+    """
+    if isinstance(seq_len, torch.Tensor):
+        seq_len = torch.clamp(seq_len, min=original)
+        return factor * seq_len / original - (factor - 1)
     return max(1.0, factor * seq_len / original - (factor - 1))
 
 
-def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def beyond(seq_len: SeqLen, original: int, scaled: torch.Tensor, unscaled: torch.Tensor) -> torch.Tensor:
+    """``scaled`` when ``seq_len > original`` else ``unscaled``, without a host sync for tensor lengths."""
+    if isinstance(seq_len, torch.Tensor):
+        return torch.where(seq_len > original, scaled, unscaled)
+    return scaled if seq_len > original else unscaled
+
+
+def yarn_mscale(scale: float | torch.Tensor, mscale: float = 1.0) -> float | torch.Tensor:
     """YaRN's ``sqrt(1/t) = 0.1 * mscale * ln(s) + 1`` (1 for ``s <= 1``)."""
+    if isinstance(scale, torch.Tensor):
+        return torch.where(scale <= 1, 1.0, 0.1 * mscale * torch.log(scale) + 1.0)
     if scale <= 1:
         return 1.0
     return 0.1 * mscale * math.log(scale) + 1.0
@@ -167,11 +188,16 @@ class FrequencyConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         check_positive(self.method, "factor", self.factor)
+        if self.factor < 1:
+            raise ValueError(
+                f"{self.method}: factor must be >= 1 (the context is extended factor times; 1 is the identity), "
+                f"got {self.factor!r}; a factor below 1 would shrink the context"
+            )
         check_context_length(self.method, self.original_max_position_embeddings)
 
     def frequencies(
-        self, spec: RotarySpec, seq_len: int | None = None, device: torch.device | None = None
-    ) -> tuple[torch.Tensor, float]:
+        self, spec: RotarySpec, seq_len: SeqLen | None = None, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, float | torch.Tensor]:
         """``(inv_freq [dim // 2] float32, attention_factor)`` for sequences of length ``seq_len``."""
         raise NotImplementedError
 
@@ -187,6 +213,14 @@ class FrequencyConfig(MethodConfig):
 @dataclass(frozen=True)
 class PIConfig(FrequencyConfig):
     method: ClassVar[str] = "pi"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.original_max_position_embeddings is not None:
+            raise ValueError(
+                "pi: original_max_position_embeddings has no effect (PI divides every position by factor, "
+                "whatever the original length); leave it unset"
+            )
 
     def frequencies(self, spec, seq_len=None, device=None):
         return default_inv_freq(spec.base, spec.dim, device) / self.factor, 1.0
@@ -211,11 +245,12 @@ class DynamicNTKConfig(FrequencyConfig):
     dynamic: ClassVar[bool] = True
 
     def frequencies(self, spec, seq_len=None, device=None):
-        original = spec.original_max_position_embeddings
-        if seq_len is None or seq_len <= original:
-            return default_inv_freq(spec.base, spec.dim, device), 1.0
-        scale = self.factor * seq_len / original - (self.factor - 1)
-        return default_inv_freq(ntk_base(spec.base, spec.dim, scale), spec.dim, device), 1.0
+        default = default_inv_freq(spec.base, spec.dim, device)
+        if seq_len is None:
+            return default, 1.0
+        scale = dynamic_scale(self.factor, seq_len, spec.original_max_position_embeddings)
+        scaled = default_inv_freq(ntk_base(spec.base, spec.dim, scale), spec.dim, device)
+        return beyond(seq_len, spec.original_max_position_embeddings, scaled, default), 1.0
 
     def native_rope_parameters(self, spec, max_position_embeddings):
         # transformers' "dynamic" takes L from max_position_embeddings; equivalent only when they agree.
@@ -328,11 +363,13 @@ class DynamicYarnConfig(_ByPartsConfig):
     dynamic: ClassVar[bool] = True
 
     def frequencies(self, spec, seq_len=None, device=None):
+        default = default_inv_freq(spec.base, spec.dim, device)
+        if seq_len is None:
+            return default, 1.0
         original = spec.original_max_position_embeddings
-        if seq_len is None or seq_len <= original:
-            return default_inv_freq(spec.base, spec.dim, device), 1.0
         scale = dynamic_scale(self.factor, seq_len, original)
-        return self._by_parts(spec, scale, device), yarn_mscale(scale)
+        inv_freq = beyond(seq_len, original, self._by_parts(spec, scale, device), default)
+        return inv_freq, beyond(seq_len, original, yarn_mscale(scale), 1.0)
 
 
 @register_method
@@ -427,9 +464,12 @@ class LongRopeConfig(FrequencyConfig):
 
     def frequencies(self, spec, seq_len=None, device=None):
         self.check_spec(spec)
-        use_long = seq_len is not None and seq_len > spec.original_max_position_embeddings
-        factors = self.long_factor if use_long else self._short(spec)
-        return longrope_inv_freq(spec.base, spec.dim, factors, device), self.resolved_attention_factor(spec)
+        short = longrope_inv_freq(spec.base, spec.dim, self._short(spec), device)
+        if seq_len is None:
+            return short, self.resolved_attention_factor(spec)
+        long = longrope_inv_freq(spec.base, spec.dim, self.long_factor, device)
+        inv_freq = beyond(seq_len, spec.original_max_position_embeddings, long, short)
+        return inv_freq, self.resolved_attention_factor(spec)
 
     def native_rope_parameters(self, spec, max_position_embeddings):
         return {
