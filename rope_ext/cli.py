@@ -132,6 +132,13 @@ def parse_depths(text: str) -> list[float]:
     return sorted(depths)
 
 
+def _layer_types(text: str) -> list[str]:
+    layer_types = [part.strip() for part in text.split(",") if part.strip()]
+    if not layer_types:
+        raise ValueError("give at least one layer type, e.g. full_attention,sliding_attention")
+    return layer_types
+
+
 def _lengths(text: str) -> list[int]:
     from rope_ext.eval.perplexity import parse_lengths
 
@@ -225,7 +232,18 @@ def _common_run_config(args: argparse.Namespace, native: int) -> dict:
         "model_name": "SmolLM2-135M-Instruct" if args.model == "default" else str(args.model),
         "dtype": args.dtype,
         "native_context": native,
+        "site_options": _site_options(args),
     }
+
+
+def _site_options(args: argparse.Namespace) -> dict:
+    """``rope_ext.patch`` options of the model's sites, given on the command line."""
+    options: dict[str, Any] = {}
+    if args.replace_scaling:
+        options["replace_scaling"] = True
+    if args.layer_types:
+        options["layer_types"] = args.layer_types
+    return options
 
 
 def _print_table(rows: list[dict], value: str, fmt: str, title: str) -> None:
@@ -278,7 +296,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
             f"--lengths {','.join(map(str, lengths))}: no document is that long (the longest has {longest} tokens); "
             f"give lengths up to {longest}{also}, or longer texts"
         )
-    check_methods(model, args.methods)
+    check_methods(model, args.methods, _site_options(args))
     print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
     run_config = _common_run_config(args, native) | {
         "kind": "perplexity",
@@ -303,6 +321,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         target_tokens=args.target_tokens,
         stride=args.stride,
+        site_options=_site_options(args),
     )
     _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; native context {native})")
     _finish(args, Path(args.out))
@@ -321,10 +340,13 @@ def _cmd_eval_passkey(args: argparse.Namespace) -> int:
             passkey_prompt(tokenizer, length, 0.5, "00000")
         except ValueError as error:
             raise ValueError(f"--lengths: {error}") from None
-    check_methods(model, args.methods)
+    check_methods(model, args.methods, _site_options(args))
     run_config = _common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
     store = ResultStore(args.out, "passkey", run_config, overwrite=args.overwrite)
-    summary = run_passkey(model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed)
+    summary = run_passkey(
+        model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
+        site_options=_site_options(args),
+    )
     by_length: dict[tuple, list[float]] = {}
     for row in summary:
         by_length.setdefault((row["method"], row["length"]), []).append(row["accuracy"])
@@ -368,6 +390,14 @@ def _add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: s
     parser.add_argument(
         "--lengths", type=_option(_lengths), default=lengths, help="comma-separated token counts, 4k = 4096 "
         "(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--replace-scaling", action="store_true",
+        help="let the methods replace the RoPE scaling the checkpoint already has (refused otherwise)",
+    )
+    parser.add_argument(
+        "--layer-types", type=_option(_layer_types), default=None,
+        help="comma-separated layer types to patch on models with several (Gemma 3: default full_attention)",
     )
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--threads", type=_int_at_least(0), default=0, help="torch threads (default 0: torch's choice)")

@@ -60,7 +60,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     installed = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
     if installed is not None:
         raise RuntimeError(
-            f"part of this model ({installed!r}) is already patched by rope_ext through a model that contains it; "
+            f"part of this model ({installed or 'the module itself'!r}) is already patched by rope_ext through a model that contains it; "
             "unpatch that model first"
         )
     anchor = _anchor(model)
@@ -68,7 +68,12 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     sites = family.locate(anchor)
     site_options = {name: default for kind in sites.by_kind.values() for site in kind for name, default in site.options.items()}
     given = {name: options.pop(name) for name in list(options) if name in site_options}
-    configs = make_configs(method, **options)
+    try:
+        configs = make_configs(method, **options)
+    except ValueError as error:
+        if "unknown option" not in str(error):
+            raise
+        raise ValueError(f"{error}; options of this model's sites: {', '.join(site_options)}") from None
     for config in configs:
         if config.hook not in family.hooks:
             raise ValueError(
@@ -91,6 +96,12 @@ def unpatch(model: ModelT) -> ModelT:
     _check_model(model)
     found = _find_state(model)
     if found is None:
+        installed = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
+        if installed is not None:
+            raise RuntimeError(
+                f"this module is not patched itself, but part of it ({installed or 'the module itself'!r}) was "
+                "replaced by rope_ext through a model that contains it; unpatch that model"
+            )
         raise RuntimeError("model is not patched by rope_ext; nothing to unpatch")
     owner, state = found
     state.plan.revert()
@@ -114,8 +125,11 @@ def patched(model: ModelT, method: Any, **options: Any) -> Iterator[ModelT]:
     patch(model, method, **options)
     try:
         yield model
-    finally:
-        unpatch(model)
+    except BaseException:
+        if _find_state(model) is not None:  # the body may have unpatched already: keep its exception
+            unpatch(model)
+        raise
+    unpatch(model)
 
 
 def methods_for(hooks: frozenset[str]) -> list[str]:
@@ -130,11 +144,19 @@ def saved_patch(config: Any) -> tuple[list[dict[str, Any]], dict[str, Any], dict
         return None
     if "method" in block:  # the block of rope_ext 0.1: one method, layer_types, no base values
         options = {"layer_types": block["layer_types"]} if block.get("layer_types") is not None else {}
-        return [block["method"]], options, None
+        return [block["method"]], options, {"rope_parameters": _unscaled(config.rope_parameters)}
     return block["methods"], block.get("options", {}), block.get("base")
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _unscaled(rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` with every scaling removed (what rope_ext 0.1 replaced with a native method)."""
+    if all(isinstance(value, dict) for value in rope_parameters.values()):  # per layer type (Gemma 3)
+        return {layer_type: _unscaled(params) for layer_type, params in rope_parameters.items()}
+    kept = {key: rope_parameters[key] for key in ("rope_theta", "partial_rotary_factor") if key in rope_parameters}
+    return {"rope_type": "default", **kept}
 
 
 def _check_model(model: Any) -> None:

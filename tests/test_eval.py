@@ -543,3 +543,34 @@ def test_plotting_leaves_the_matplotlib_backend_alone(tmp_path):
     finally:
         matplotlib.use(before)
     assert (tmp_path / "ppl.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_site_options_reach_patch(tmp_path, tiny_checkpoint, capsys):
+    """A checkpoint that already scales RoPE needs --replace-scaling; the option is recorded with the run."""
+    checkpoint, text = tiny_checkpoint
+    scaled = tmp_path / "scaled"
+    model = tiny_model("llama", rope_parameters={"rope_theta": 10000.0, "rope_type": "linear", "factor": 2.0})
+    model.save_pretrained(scaled)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (checkpoint / name).exists():
+            (scaled / name).write_bytes((checkpoint / name).read_bytes())
+    args = ["eval", "ppl", "--model", str(scaled), "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64",
+            "--target-tokens", "16", "--methods", "none,yarn:factor=2", "--out", str(tmp_path / "run"), "--no-plot"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "already uses RoPE scaling: {" in err and "'rope_type': 'linear'" in err and "(rope-ext: --replace-scaling)" in err
+    assert not (tmp_path / "run").exists()
+    assert main([*args, "--replace-scaling"]) == 0
+    run = json.loads((tmp_path / "run" / "ppl.json").read_text())["run"]
+    assert run["site_options"] == {"replace_scaling": True}
+    assert main([*args[:-3], "--out", str(tmp_path / "other"), "--layer-types", "full_attention", "--no-plot"]) == 2
+    assert "one rotary embedding; layer_types must be None" in capsys.readouterr().err
+
+
+def test_plot_of_a_malformed_results_file_names_it(tmp_path, capsys):
+    (tmp_path / "ppl.json").write_text("{}")
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "ppl.json or passkey.json is not a results file rope-ext wrote (KeyError" in capsys.readouterr().err
+    (tmp_path / "ppl.json").write_text("not json")
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "is not a results file rope-ext wrote (JSONDecodeError" in capsys.readouterr().err

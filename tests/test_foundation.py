@@ -468,3 +468,90 @@ def test_cli_specs_combine_methods_of_different_kinds(toy_rotary_kind):
     with rope_ext.patched(model, methods[spec]):
         assert rope_ext.get_patch(model) == tuple(methods[spec])
 
+
+
+# --- found by a hands-on trial -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("copy_how", ["deepcopy", "pickle"])
+def test_a_copied_patched_model_unpatches_cleanly(tmp_path, copy_how):
+    import io
+
+    model = tiny_model("llama")
+    ids = input_ids(LONG)
+    base = logits(model, ids)
+    rope_ext.patch(model, "yarn", factor=2.0)
+    if copy_how == "deepcopy":
+        clone = copy.deepcopy(model)
+    else:
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        clone = torch.load(buffer, weights_only=False)
+    rope_ext.unpatch(clone)
+    assert not hasattr(clone.config, "rope_ext") and torch.equal(logits(clone, ids), base)
+    clone.save_pretrained(tmp_path)  # the "absent" marker did not end up in the config
+
+
+@pytest.mark.parametrize("method", ["pi", "yarn", "llama3", "ntk"])
+def test_casting_before_or_after_patching_gives_the_same_model(method):
+    ids = input_ids(LONG)
+    cast_first = tiny_model("llama").to(torch.bfloat16)
+    rope_ext.patch(cast_first, method, factor=4.0)
+    patch_first = tiny_model("llama")
+    rope_ext.patch(patch_first, method, factor=4.0)
+    patch_first = patch_first.to(torch.bfloat16)
+    assert torch.equal(logits(cast_first, ids), logits(patch_first, ids))
+
+
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [("pi", {"factor": 2**70}), ("yarn", {"factor": 1e308}), ("dynamic_ntk", {"factor": 1e308}),
+     ("dynamic_ntk", {"factor": 2**70}), ("yarn", {"factor": 2.0, "attention_factor": 1e200})],
+)
+def test_values_that_overflow_are_refused(method, options):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=rf"{method}: these options give non-finite or zero rotary frequencies"):
+        rope_ext.patch(model, method, **options)
+    assert rope_ext.get_patch(model) is None
+
+
+def test_patched_keeps_the_bodys_exception_when_the_body_unpatched():
+    model = tiny_model("llama")
+    with pytest.raises(KeyError, match="boom"):
+        with rope_ext.patched(model, "yarn", factor=2.0):
+            rope_ext.unpatch(model)
+            raise KeyError("boom")
+
+
+def test_messages_name_site_options_valid_methods_and_the_patched_part():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) layer_type; .*options of this model's sites: "
+                                         r"layer_types, replace_scaling"):
+        rope_ext.patch(model, "yarn", factor=2.0, layer_type=["full_attention"])
+    with pytest.raises(TypeError, match=r"not NoneType None; valid methods: dynamic_ntk"):
+        rope_ext.patch(model, None)
+    rope_ext.patch(model, "yarn", factor=2.0)
+    with pytest.raises(RuntimeError, match=r"part of this model \('the module itself'\) is already patched"):
+        rope_ext.patch(model.model.rotary_emb, "pi", factor=2.0)
+    with pytest.raises(RuntimeError, match=r"not patched itself, but part of it \('rotary_emb'\) was replaced"):
+        rope_ext.unpatch(model.model)
+
+
+def test_reload_of_a_0_1_block_beside_native_rope_parameters(tmp_path):
+    """rope_ext 0.1 saved native yarn rope_parameters and a one-method block, without the base values."""
+    model = tiny_model("llama")
+    ids = input_ids(160)
+    base = logits(model, ids)
+    rope_ext.patch(model, "yarn", factor=4.0)
+    expected = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved["rope_ext"] = {"method": saved["rope_ext"]["methods"][0], "layer_types": None}
+    saved["max_position_embeddings"] = ORIGINAL_CONTEXT  # 0.1 left it alone
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    restored = rope_ext.from_pretrained(tmp_path)
+    assert rope_ext.get_patch(restored) == YarnConfig(factor=4.0)
+    torch.testing.assert_close(logits(restored, ids), expected, rtol=0, atol=1e-5)
+    rope_ext.unpatch(restored)
+    torch.testing.assert_close(logits(restored, ids), base, rtol=0, atol=1e-5)

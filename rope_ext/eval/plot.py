@@ -84,7 +84,13 @@ def plot_passkey(out: str | Path) -> Path | None:
 
 
 def plot_run(out: str | Path) -> list[Path]:
-    paths = [p for p in (plot_perplexity(out), plot_passkey(out)) if p is not None]
+    try:
+        paths = [p for p in (plot_perplexity(out), plot_passkey(out)) if p is not None]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:  # json.JSONDecodeError is a ValueError
+        raise ValueError(
+            f"{out}: ppl.json or passkey.json is not a results file rope-ext wrote ({type(error).__name__}: {error}); "
+            "re-run `rope-ext eval ...` to write it again"
+        ) from None
     if not paths:
         raise FileNotFoundError(f"no ppl.json or passkey.json in {out}; run `rope-ext eval ...` first")
     return paths

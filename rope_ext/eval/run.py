@@ -22,18 +22,20 @@ from rope_ext.methods import MethodConfig
 Methods = dict[str, list[MethodConfig]]  # spec as given -> its configs
 
 
-def _with_method(model: nn.Module, configs: list[MethodConfig], work: Callable[[], Any]) -> Any:
+def _with_method(
+    model: nn.Module, configs: list[MethodConfig], work: Callable[[], Any], site_options: dict[str, Any] | None = None
+) -> Any:
     if not configs:
         return work()
-    with patched(model, list(configs)):
+    with patched(model, list(configs), **(site_options or {})):
         return work()
 
 
-def check_methods(model: nn.Module, methods: Methods) -> None:
+def check_methods(model: nn.Module, methods: Methods, site_options: dict[str, Any] | None = None) -> None:
     """Patch and unpatch once with every method, so one the model cannot take fails before any work."""
     for spec, configs in methods.items():
         try:
-            _with_method(model, configs, lambda: None)
+            _with_method(model, configs, lambda: None, site_options)
         except (ValueError, TypeError, RuntimeError) as error:
             raise ValueError(f"method {spec!r} cannot patch this model: {error}") from None
 
@@ -69,6 +71,7 @@ def run_perplexity(
     protocol: str = "fixed",
     target_tokens: int = 1024,
     stride: int = 256,
+    site_options: dict[str, Any] | None = None,
     log: Callable[[str], None] = tqdm.write,
 ) -> list[dict[str, Any]]:
     """Evaluate every method on every document at every usable length; returns the summary rows.
@@ -119,7 +122,7 @@ def run_perplexity(
                 bar.update(1)
 
         bar.update(sum(1 for length in plan[document.title] if skip(length)))
-        _with_method(model, configs, evaluate)
+        _with_method(model, configs, evaluate, site_options)
     bar.close()
     records = [
         r
@@ -141,6 +144,7 @@ def run_passkey(
     store: ResultStore,
     *,
     seed: int = 0,
+    site_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Passkey accuracy over the length x depth grid, ``trials`` keys per cell, for every method."""
     done = {passkey_key(r["method"], r["length"], r["depth"], r["trial"]) for r in store.records()}
@@ -159,7 +163,7 @@ def run_passkey(
                 store.append(record.to_dict())
                 bar.update(1)
 
-        _with_method(model, configs, evaluate)
+        _with_method(model, configs, evaluate, site_options)
     bar.close()
     wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells}
     records = [r for r in store.records() if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]

@@ -24,7 +24,17 @@ from torch import nn
 from rope_ext.methods import MethodConfig
 from rope_ext.registry import Registry
 
-_MISSING = object()
+class _Missing:
+    """The marker of an attribute an edit found absent; one object even through ``copy.deepcopy`` and pickle."""
+
+    def __reduce__(self) -> str:
+        return "_MISSING"  # pickled (and deep-copied) by reference to this module's singleton
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_MISSING = _Missing()
 
 
 def _own_attribute(obj: Any, name: str) -> Any:

@@ -46,13 +46,18 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         self.attention_scaling: dict[str | None, float] = {}
 
     def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
-        device = next((b.device for b in self.original.buffers()), None)
+        buffers = [b for b in self.original.buffers() if b.is_floating_point()]
+        device = buffers[0].device if buffers else None
         self.method, self.specs = method, specs
         for layer_type, spec in specs.items():
             method.check_spec(spec)
+            _check_finite(method, spec, device)
             if method.dynamic:
                 continue  # recomputed on every call
             inv_freq, attention_factor = method.frequencies(spec, None, device=device)
+            # kept in the dtype the original keeps its own (a model cast to bf16 holds a bf16 inv_freq), so
+            # casting before or after patching gives the same model, as it does for transformers' own scaling
+            inv_freq = inv_freq.to(buffers[0].dtype if buffers else torch.float32)
             self.register_buffer(_buffer_name(layer_type), inv_freq, persistent=False)  # [d/2]
             self.attention_scaling[layer_type] = attention_factor
 
@@ -173,7 +178,7 @@ class RotarySite(Site):
         raise ValueError(
             f"{self.family}: this checkpoint already uses RoPE scaling{where}: {scaling}; rope_ext would replace "
             "it (the new method starts again from the unscaled base frequencies and the original context). "
-            "Pass replace_scaling=True to do so."
+            "Pass replace_scaling=True to do so (rope-ext: --replace-scaling)."
         )
 
     def _expected_inv_freq(self, layer_type: str | None, params: dict[str, Any], spec: RotarySpec, device):
@@ -232,6 +237,26 @@ class RotarySite(Site):
 
     def accepts(self, rope_type: str) -> bool:
         return self.native_rope_types is None or rope_type in self.native_rope_types
+
+
+def _check_finite(method: FrequencyConfig, spec: RotarySpec, device) -> None:
+    """Refuse options whose frequencies overflow (inside L, and at 1024 L for the methods that depend on it)."""
+    lengths = [None]
+    if method.dynamic:  # as a forward computes it: a device tensor
+        lengths.append(torch.tensor(1024 * spec.original_max_position_embeddings, device=device))
+    for seq_len in lengths:
+        try:
+            inv_freq, attention_factor = method.frequencies(spec, seq_len, device=device)
+            finite = bool(torch.isfinite(inv_freq).all()) and bool((inv_freq > 0).all())
+            finite = finite and bool(torch.isfinite(torch.as_tensor(attention_factor, dtype=torch.float32)))
+        except (OverflowError, ZeroDivisionError, RuntimeError):  # RuntimeError: a Python int too large for torch
+            finite = False
+        if not finite:
+            raise ValueError(
+                f"{method.method}: these options give non-finite or zero rotary frequencies or attention factor "
+                f"for base={spec.base}, dim={spec.dim}, L={spec.original_max_position_embeddings} ({method}); "
+                "use smaller values"
+            )
 
 
 def _snapshot(module: nn.Module) -> dict[str, Any]:

@@ -54,7 +54,10 @@ def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> M
     if isinstance(method, str):
         cls = get_method_class(method)
         return cls._build(kwargs)
-    raise TypeError(f"method must be a name, a dict or a MethodConfig, not {type(method).__name__}")
+    raise TypeError(
+        f"method must be a name, a dict with a 'method' key, a method config or a list of those, not "
+        f"{type(method).__name__} {method!r:.60}; valid methods: {', '.join(list_methods())}"
+    )
 
 
 def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
