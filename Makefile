@@ -32,7 +32,7 @@ demo: setup
 	$(VENV)/bin/rope-ext eval ppl --out results/main
 
 bench: setup
-	$(PY) scripts/bench_overhead.py
+	$(PY) scripts/bench_overhead.py --repeats 5
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -15,4 +15,12 @@ from rope_ext.patches.base import (
     unregister_family,
 )
 
-__all__ = ["CONFIG_KEY", "FamilyAdapter", "find_family", "get_family", "list_families", "register_family", "unregister_family"]
+__all__ = [
+    "CONFIG_KEY",
+    "FamilyAdapter",
+    "find_family",
+    "get_family",
+    "list_families",
+    "register_family",
+    "unregister_family",
+]

@@ -49,7 +49,7 @@ class RotaryFamily(FamilyAdapter):
     def locate(self, model: nn.Module) -> Sites:
         rotary = self.rotary_sites(model)
         config = getattr(model, "config", None) or rotary[0].config
-        return Sites(self.name, config, {RotarySite.kind: rotary})
+        return Sites(config, {RotarySite.kind: rotary})
 
 
 # family -> (module under transformers.models, rotary class[, table fields])

@@ -222,6 +222,12 @@ def _load(args: argparse.Namespace):
             f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
             "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
         ) from None
+    from rope_ext.core import get_patch, unpatch
+
+    restored = get_patch(model)
+    if restored is not None:  # a folder saved while patched: every method starts from the unpatched model
+        print(f"{args.model}: saved with rope_ext patch {restored!r}; evaluating from the unpatched model")
+        unpatch(model)
     native = model.config.max_position_embeddings
     return model, tokenizer, native
 

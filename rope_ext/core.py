@@ -57,16 +57,18 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"model is already patched{where} with {_describe(state.methods)!r}; call rope_ext.unpatch(model) "
             "before patching again"
         )
-    installed = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
-    if installed is not None:
+    replaced = _replaced_part(model)
+    if replaced is not None:
         raise RuntimeError(
-            f"part of this model ({installed or 'the module itself'!r}) is already patched by rope_ext through a model that contains it; "
+            f"part of this model ({replaced!r}) is already patched by rope_ext through a model that contains it; "
             "unpatch that model first"
         )
     anchor = _anchor(model)
     family = find_family(anchor)
     sites = family.locate(anchor)
-    site_options = {name: default for kind in sites.by_kind.values() for site in kind for name, default in site.options.items()}
+    site_options = {
+        name: default for kind in sites.by_kind.values() for site in kind for name, default in site.options.items()
+    }
     given = {name: options.pop(name) for name in list(options) if name in site_options}
     try:
         configs = make_configs(method, **options)
@@ -81,11 +83,11 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
                 f"support; methods for {family.name}: {', '.join(methods_for(family.hooks))}"
             )
 
-    builder = PlanBuilder(sites, site_options | given)
+    builder = PlanBuilder(sites, site_options | given, frozenset(config.hook for config in configs))
     for config in configs:
         get_hook(config.hook).plan(builder, config)
-    builder.edit(sites.config, CONFIG_KEY, _saved_block(builder, configs, given))
-    _refuse_shared_configs(model, builder.plan)
+    builder.edit_config(sites.config, CONFIG_KEY, _saved_block(builder, configs, given))
+    _refuse_shared_configs(model, builder)
     builder.plan.apply()
     setattr(anchor, STATE_ATTR, PatchState(configs, builder.plan))
     return model
@@ -96,11 +98,11 @@ def unpatch(model: ModelT) -> ModelT:
     _check_model(model)
     found = _find_state(model)
     if found is None:
-        installed = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
-        if installed is not None:
+        replaced = _replaced_part(model)
+        if replaced is not None:
             raise RuntimeError(
-                f"this module is not patched itself, but part of it ({installed or 'the module itself'!r}) was "
-                "replaced by rope_ext through a model that contains it; unpatch that model"
+                f"this module is not patched itself, but part of it ({replaced!r}) was replaced by rope_ext "
+                "through a model that contains it; unpatch that model"
             )
         raise RuntimeError("model is not patched by rope_ext; nothing to unpatch")
     owner, state = found
@@ -115,8 +117,7 @@ def get_patch(model: nn.Module) -> MethodConfig | tuple[MethodConfig, ...] | Non
     found = _find_state(model)
     if found is None:
         return None
-    methods = found[1].methods
-    return methods[0] if len(methods) == 1 else methods
+    return _describe(found[1].methods)
 
 
 @contextlib.contextmanager
@@ -137,15 +138,16 @@ def methods_for(hooks: frozenset[str]) -> list[str]:
     return [name for name in list_methods() if get_method_class(name).hook in hooks]
 
 
-def saved_patch(config: Any) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None] | None:
-    """``(methods, site options, base config values)`` recorded in a config's ``rope_ext`` block, or ``None``."""
+def saved_patch(config: Any) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], list[str]] | None:
+    """``(methods, site options, replaced config values by path, added names)`` recorded in a config's
+    ``rope_ext`` block, or ``None``."""
     block = getattr(config, CONFIG_KEY, None)
     if block is None:
         return None
     if "method" in block:  # the block of rope_ext 0.1: one method, layer_types, no base values
         options = {"layer_types": block["layer_types"]} if block.get("layer_types") is not None else {}
-        return [block["method"]], options, {"rope_parameters": _unscaled(config.rope_parameters)}
-    return block["methods"], block.get("options", {}), block.get("base")
+        return [block["method"]], options, {"rope_parameters": _unscaled(config.rope_parameters)}, []
+    return block["methods"], block.get("options", {}), block.get("base", {}), block.get("absent", [])
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -182,20 +184,34 @@ def _find_state(model: nn.Module) -> tuple[nn.Module, PatchState] | None:
     return None
 
 
-def _describe(methods: tuple[MethodConfig, ...]) -> Any:
+def _replaced_part(model: nn.Module) -> str | None:
+    """The name of the first module inside ``model`` that rope_ext installed, or ``None``."""
+    name = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
+    return None if name is None else name or "the module itself"
+
+
+def _describe(methods: tuple[MethodConfig, ...]) -> MethodConfig | tuple[MethodConfig, ...]:
+    """A single method's config, or the tuple of a combination (what ``get_patch`` returns)."""
     return methods[0] if len(methods) == 1 else methods
 
 
 def _saved_block(builder: PlanBuilder, configs: tuple[MethodConfig, ...], given: dict[str, Any]) -> dict[str, Any]:
     """What the model config carries under ``rope_ext``: the methods, the site options, and the values the
-    patch replaces in that config, so a reload can rebuild the unpatched model before patching it."""
-    config = builder.sites.config
-    base = {
-        edit.name: copy.deepcopy(getattr(config, edit.name)) if hasattr(config, edit.name) else None
-        for edit in builder.plan.edits
-        if edit.obj is config
-    }
-    return {"methods": [c.to_dict() for c in configs], "options": copy.deepcopy(given), "base": base}
+    patch replaces in that config or its sub-configs (by attribute path, e.g. ``text_config.rope_parameters``)
+    with the names it adds, so a reload can rebuild the unpatched model before patching it."""
+    top = builder.sites.config
+    base: dict[str, Any] = {}
+    absent: list[str] = []
+    for edit in builder.config_edits:
+        owner = "" if edit.obj is top else next((f"{k}." for k, v in vars(top).items() if v is edit.obj), None)
+        if owner is None:
+            continue  # not reachable from the saved config: nothing a reload could restore
+        if hasattr(edit.obj, edit.name):
+            base[owner + edit.name] = copy.deepcopy(getattr(edit.obj, edit.name))
+        else:
+            absent.append(owner + edit.name)
+    block = {"methods": [c.to_dict() for c in configs], "options": copy.deepcopy(given), "base": base}
+    return block | ({"absent": absent} if absent else {})
 
 
 #: references to a config held by ``patch`` itself while it counts (``Sites.config``, the mapping iterated,
@@ -222,18 +238,19 @@ def _foreign_modules(config: Any, own: list[nn.Module]) -> list[nn.Module]:
     return foreign
 
 
-def _refuse_shared_configs(model: nn.Module, plan: PatchPlan) -> None:
+def _refuse_shared_configs(model: nn.Module, builder: PlanBuilder) -> None:
     """A config object the plan edits must belong to this model alone (two models built from one config
     object would both change, and unpatching one would undo the other's values).
 
     Scanning every object for referrers costs ~0.2 s in a large process, so it runs only when the config has
     more references than this model's modules, the plan and this function account for.
     """
-    own = [*model.modules(), *(e.new for e in plan.edits if isinstance(e.new, nn.Module))]
-    configs = {id(e.obj): e.obj for e in plan.edits if not isinstance(e.obj, nn.Module)}
+    edits = builder.plan.edits
+    own = [*model.modules(), *(e.new for e in edits if isinstance(e.new, nn.Module))]
+    configs = {id(e.obj): e.obj for e in builder.config_edits}
     for config in configs.values():
         known = sum(1 for m in own for value in vars(m).values() if value is config)
-        known += sum(1 for e in plan.edits if e.obj is config)
+        known += sum(1 for e in edits if e.obj is config)
         if sys.getrefcount(config) - known <= _OWN_TEMPORARY_REFERENCES:
             continue
         foreign = _foreign_modules(config, own)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from pathlib import Path
@@ -56,8 +57,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
     return model, AutoTokenizer.from_pretrained(name)
 
 
-#: ``from_pretrained`` keyword arguments that also apply to loading the config on its own.
-_CONFIG_KWARGS = ("revision", "subfolder", "trust_remote_code", "token", "cache_dir", "local_files_only", "gguf_file")
+#: ``from_pretrained`` keyword arguments that locate the files: the config and the weights both need them.
+_HUB_KWARGS = ("revision", "subfolder", "trust_remote_code", "token", "cache_dir", "local_files_only", "gguf_file")
 
 
 def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
@@ -66,7 +67,8 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
     The ``rope_ext`` block records the methods, their site options and the config values the patch
     replaced. The model is built from the config with those values put back (so it is the unpatched model,
     even where the saved ``rope_parameters`` hold transformers' native version of the method) and then
-    patched again: ``get_patch`` and ``unpatch`` work as on the model that was saved.
+    patched again: ``get_patch`` and ``unpatch`` work as on the model that was saved. Keyword arguments
+    are transformers' own (config overrides such as ``use_cache=False`` included).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -74,20 +76,34 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
     from rope_ext.methods import MethodConfig
     from rope_ext.patches import CONFIG_KEY
 
+    hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     config = kwargs.pop("config", None)
     if config is None:
-        config = AutoConfig.from_pretrained(path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+        # config overrides among the kwargs are applied here, as transformers' from_pretrained would
+        config, kwargs = AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+        kwargs = hub | kwargs
+    else:
+        config = copy.deepcopy(config)  # the caller's object stays as it was
     found = saved_patch(config)
     if found is None:
         return AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
-    methods, options, base = found
-    for name, value in (base or {}).items():
-        if value is None:
-            if hasattr(config, name):
-                delattr(config, name)
-        else:
-            setattr(config, name, value)
+    methods, options, base, absent = found
+    for where, value in base.items():
+        owner, name = _resolve(config, where)
+        setattr(owner, name, value)
+    for where in absent:
+        owner, name = _resolve(config, where)
+        if name in vars(owner):
+            delattr(owner, name)
     if CONFIG_KEY in vars(config):
         delattr(config, CONFIG_KEY)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
     return patch(model, [MethodConfig.from_dict(m) for m in methods], **options)
+
+
+def _resolve(config: Any, path: str) -> tuple[Any, str]:
+    """``"text_config.rope_parameters"`` -> ``(config.text_config, "rope_parameters")``."""
+    *owners, name = path.split(".")
+    for owner in owners:
+        config = getattr(config, owner)
+    return config, name

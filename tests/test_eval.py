@@ -555,7 +555,8 @@ def test_cli_site_options_reach_patch(tmp_path, tiny_checkpoint, capsys):
         if (checkpoint / name).exists():
             (scaled / name).write_bytes((checkpoint / name).read_bytes())
     args = ["eval", "ppl", "--model", str(scaled), "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64",
-            "--target-tokens", "16", "--methods", "none,yarn:factor=2", "--out", str(tmp_path / "run"), "--no-plot"]
+            "--target-tokens", "16", "--methods", "none,yarn:factor=2:original_max_position_embeddings=64",
+            "--out", str(tmp_path / "run"), "--no-plot"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "already uses RoPE scaling: {" in err and "'rope_type': 'linear'" in err and "(rope-ext: --replace-scaling)" in err
@@ -574,3 +575,21 @@ def test_plot_of_a_malformed_results_file_names_it(tmp_path, capsys):
     (tmp_path / "ppl.json").write_text("not json")
     assert main(["plot", str(tmp_path)]) == 2
     assert "is not a results file rope-ext wrote (JSONDecodeError" in capsys.readouterr().err
+
+
+def test_cli_evaluates_a_folder_saved_while_patched_from_the_unpatched_model(tmp_path, tiny_checkpoint, capsys):
+    checkpoint, text = tiny_checkpoint
+    saved = tmp_path / "saved"
+    model = tiny_model("llama")
+    rope_ext.patch(model, "ntk", factor=2.0)
+    model.save_pretrained(saved)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (checkpoint / name).exists():
+            (saved / name).write_bytes((checkpoint / name).read_bytes())
+    args = ["eval", "ppl", "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64", "--target-tokens",
+            "16", "--methods", "none,ntk:factor=2", "--no-plot"]
+    assert main([*args, "--model", str(saved), "--out", str(tmp_path / "a")]) == 0
+    assert "saved with rope_ext patch NTKConfig(factor=2.0" in capsys.readouterr().out
+    assert main([*args, "--model", str(checkpoint), "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / d / "ppl.json").read_text())["summary"] for d in ("a", "b"))
+    assert [r["perplexity"] for r in a] == [r["perplexity"] for r in b]  # same weights, same numbers

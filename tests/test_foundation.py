@@ -13,7 +13,7 @@ import pytest
 import torch
 from tiny import ORIGINAL_CONTEXT, input_ids, logits, native_model, tiny_config, tiny_model
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import rope_ext
 import rope_ext.core as core
@@ -349,10 +349,10 @@ class ToyOutputSite(Site):
 
 class ToyTemperatureInstaller(HookInstaller):
     kind = "toy_temperature"
-    site_kind = "toy_output"
+    site_kinds = frozenset({"toy_output"})
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
-        for site in builder.sites.get(self.site_kind):
+        for site in builder.sites.get("toy_output"):
             builder.edit(site.module, "temperature", method.temperature)
 
 
@@ -377,7 +377,7 @@ class ToyFamily(FamilyAdapter):
         return isinstance(model, ToyModel)
 
     def locate(self, model: nn.Module) -> Sites:
-        return Sites(self.name, model.config, {"toy_output": [ToyOutputSite(model)]})
+        return Sites(model.config, {"toy_output": [ToyOutputSite(model)]})
 
 
 @pytest.fixture
@@ -411,10 +411,10 @@ class ToyRotaryInstaller(HookInstaller):
     """A second hook kind on the rotary site: records its value on the shared replacement module."""
 
     kind = "toy_temperature"
-    site_kind = "rotary"
+    site_kinds = frozenset({"rotary"})
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
-        for site in builder.sites.get(self.site_kind):
+        for site in builder.sites.get("rotary"):
             builder.edit(site.replacement(builder), "toy_temperature", method.temperature)
 
 
@@ -555,3 +555,63 @@ def test_reload_of_a_0_1_block_beside_native_rope_parameters(tmp_path):
     torch.testing.assert_close(logits(restored, ids), expected, rtol=0, atol=1e-5)
     rope_ext.unpatch(restored)
     torch.testing.assert_close(logits(restored, ids), base, rtol=0, atol=1e-5)
+
+
+# --- found by a review ------------------------------------------------------------------------------
+
+
+def _tiny_gemma3_multimodal():
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = tiny_config("gemma3").to_dict()
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    return Gemma3ForConditionalGeneration(config).eval()
+
+
+def test_a_multimodal_model_edits_its_text_config_and_reloads_unpatched(tmp_path):
+    model = _tiny_gemma3_multimodal()
+    ids = input_ids(160)
+    base = logits(model, ids)
+    rope_ext.patch(model, "yarn", factor=4.0)
+    assert model.config.text_config.rope_parameters["full_attention"]["rope_type"] == "yarn"
+    assert set(model.config.rope_ext["base"]) == {"text_config.max_position_embeddings", "text_config.rope_parameters"}
+    expected = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    restored = rope_ext.from_pretrained(tmp_path)
+    torch.testing.assert_close(logits(restored, ids), expected, rtol=0, atol=1e-5)
+    rope_ext.unpatch(restored)
+    torch.testing.assert_close(logits(restored, ids), base, rtol=0, atol=1e-5)
+    assert restored.config.text_config.rope_parameters["full_attention"]["rope_type"] == "default"
+
+
+def test_from_pretrained_takes_transformers_keyword_arguments(tmp_path):
+    model = tiny_model("llama")
+    rope_ext.patch(model, "yarn", factor=4.0)
+    model.save_pretrained(tmp_path)
+    restored = rope_ext.from_pretrained(tmp_path, use_cache=False, dtype=torch.bfloat16)
+    assert restored.config.use_cache is False and restored.dtype == torch.bfloat16
+    assert rope_ext.get_patch(restored) == YarnConfig(factor=4.0)
+    config = AutoConfig.from_pretrained(tmp_path)
+    snapshot = copy.deepcopy(config.to_dict())
+    rope_ext.from_pretrained(tmp_path, config=config)
+    assert config.to_dict() == snapshot  # the caller's config object is left as it was
+
+
+def test_replacing_a_scaling_that_states_no_original_length_needs_one():
+    model = tiny_model("llama", rope_parameters={"rope_theta": 10000.0, "rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match=r"'linear' scaling gives no original context length .*pass "
+                                         r"original_max_position_embeddings"):
+        rope_ext.patch(model, "yarn", factor=2.0, replace_scaling=True)
+    rope_ext.patch(model, "yarn", factor=2.0, original_max_position_embeddings=32, replace_scaling=True)
+
+
+def test_a_combination_writes_no_native_rope_parameters(tmp_path, toy_rotary_kind):
+    model = tiny_model("llama")
+    rope_ext.patch(model, [YarnConfig(factor=4.0), ToyTemperatureConfig()])
+    assert model.config.rope_parameters["rope_type"] == "default"  # a plain reload must not look like yarn alone
+    rope_ext.unpatch(model)
+    rope_ext.patch(model, YarnConfig(factor=4.0))
+    assert model.config.rope_parameters["rope_type"] == "yarn"

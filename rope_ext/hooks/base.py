@@ -107,9 +107,9 @@ class Site:
 
 @dataclass
 class Sites:
-    """Where one model keeps its position encoding: ``config`` (saved with the model) and sites by kind."""
+    """Where one model keeps its position encoding: ``config`` (the model's own, saved with it; a site may
+    edit a sub-config of it, such as a multimodal model's ``text_config``) and the sites by kind."""
 
-    family: str
     config: Any
     by_kind: dict[str, list[Site]] = field(default_factory=dict)
 
@@ -120,10 +120,14 @@ class Sites:
 class PlanBuilder:
     """Collects the edits of one ``patch`` call: installers add edits and configure shared replacements."""
 
-    def __init__(self, sites: Sites, options: dict[str, Any]) -> None:
+    def __init__(self, sites: Sites, options: dict[str, Any], kinds: frozenset[str]) -> None:
         self.sites = sites
         self.options = options
+        #: the hook kinds of the methods in this plan
+        self.kinds = kinds
         self.plan = PatchPlan()
+        #: the edits of config objects (recorded for reload, checked for sharing between models)
+        self.config_edits: list[AttrEdit] = []
         self._replacements: dict[int, Any] = {}
 
     def option(self, name: str) -> Any:
@@ -131,6 +135,11 @@ class PlanBuilder:
 
     def edit(self, obj: Any, name: str, new: Any) -> None:
         self.plan.edits.append(AttrEdit(obj, name, new))
+
+    def edit_config(self, config: Any, name: str, new: Any) -> None:
+        """An edit of a model config (or a sub-config of it) that ``save_pretrained`` writes out."""
+        self.edit(config, name, new)
+        self.config_edits.append(self.plan.edits[-1])
 
     def replacement(self, site: Site, build: Callable[[], tuple[Any, str, Any]]) -> Any:
         """The replacement object of ``site``; ``build() -> (parent, attribute, object)`` runs on first use."""
@@ -143,10 +152,11 @@ class PlanBuilder:
 
 
 class HookInstaller(ABC):
-    """Installs one hook kind: reads the sites of ``site_kind`` and adds edits for a method config."""
+    """Installs one hook kind: reads the sites of ``site_kinds`` and adds edits for a method config."""
 
     kind: ClassVar[str]
-    site_kind: ClassVar[str]
+    #: the site kinds this installer needs; a family supports the kind when it provides them all
+    site_kinds: ClassVar[frozenset[str]]
 
     @abstractmethod
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
@@ -170,4 +180,4 @@ def get_hook(kind: str) -> HookInstaller:
 
 def hook_kinds_for(site_kinds: frozenset[str] | set[str]) -> frozenset[str]:
     """The hook kinds whose installers need only sites of these kinds."""
-    return frozenset(installer.kind for installer in _HOOKS if installer.site_kind in site_kinds)
+    return frozenset(installer.kind for installer in _HOOKS if installer.site_kinds <= set(site_kinds))

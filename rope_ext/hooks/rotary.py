@@ -30,8 +30,8 @@ from rope_ext.methods.frequency import default_inv_freq
 _BASE_KEYS = ("rope_theta", "partial_rotary_factor")
 
 
-def _buffer_name(layer_type: str | None) -> str:
-    return "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
+def _buffer_name(layer_type: str | None, name: str = "inv_freq") -> str:
+    return name if layer_type is None else f"{layer_type}_{name}"
 
 
 class RopeExtRotaryEmbedding(RopeExtModule):
@@ -44,6 +44,7 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         self.method: FrequencyConfig | None = None
         self.specs: dict[str | None, RotarySpec] = {}
         self.attention_scaling: dict[str | None, float] = {}
+        self.constant_names: dict[str | None, list[str]] = {}
 
     def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
         buffers = [b for b in self.original.buffers() if b.is_floating_point()]
@@ -52,8 +53,12 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         for layer_type, spec in specs.items():
             method.check_spec(spec)
             _check_finite(method, spec, device)
-            if method.dynamic:
-                continue  # recomputed on every call
+            if method.dynamic:  # recomputed on every call, from constants kept as buffers (they follow .to())
+                constants = method.constants(spec, device)
+                for name, tensor in constants.items():
+                    self.register_buffer(_buffer_name(layer_type, name), tensor, persistent=False)
+                self.constant_names[layer_type] = list(constants)
+                continue
             inv_freq, attention_factor = method.frequencies(spec, None, device=device)
             # kept in the dtype the original keeps its own (a model cast to bf16 holds a bf16 inv_freq), so
             # casting before or after patching gives the same model, as it does for transformers' own scaling
@@ -66,8 +71,10 @@ class RopeExtRotaryEmbedding(RopeExtModule):
     ) -> tuple[torch.Tensor, float | torch.Tensor]:
         """``(inv_freq [d/2], attention_factor)`` in effect for this call."""
         if self.method.dynamic:
+            spec = self.specs[layer_type]
             seq_len = position_ids.max() + 1  # a device tensor: no host sync
-            return self.method.frequencies(self.specs[layer_type], seq_len, device=device)
+            constants = {name: getattr(self, _buffer_name(layer_type, name)) for name in self.constant_names[layer_type]}
+            return self.method.frequencies(spec, seq_len, device=device, constants=constants)
         return getattr(self, _buffer_name(layer_type)), self.attention_scaling[layer_type]
 
     @torch.no_grad()
@@ -145,8 +152,13 @@ class RotarySite(Site):
             or getattr(config, "max_position_embeddings", None)
         )
 
+    def _states_original(self, params: dict[str, Any]) -> bool:
+        config_value = getattr(self.config, "original_max_position_embeddings", None)
+        return bool(params.get("original_max_position_embeddings") or config_value)
+
     def spec(self, layer_type: str | None, method: FrequencyConfig, replace_scaling: bool) -> RotarySpec:
         config, params = self.config, self.params(layer_type)
+        self._check_existing_scaling(layer_type, params, replace_scaling)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         native = self.original_length(layer_type)
@@ -156,6 +168,12 @@ class RotarySite(Site):
                 "(max_position_embeddings); pass original_max_position_embeddings=..."
             )
         requested = method.original_max_position_embeddings
+        rope_type = params.get("rope_type", "default")
+        if rope_type not in ("default", "dynamic") and not requested and not self._states_original(params):
+            raise ValueError(
+                f"{self.family}: the checkpoint's {rope_type!r} scaling gives no original context length (its "
+                "max_position_embeddings is the extended one); pass original_max_position_embeddings=..."
+            )
         if requested and native and requested > native:
             raise ValueError(
                 f"{method.method}: original_max_position_embeddings={requested} exceeds the model's original "
@@ -165,7 +183,6 @@ class RotarySite(Site):
         if original < 2:
             raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")
         spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original)
-        self._check_existing_scaling(layer_type, params, replace_scaling)
         self._check_convention(layer_type, params, spec)
         return spec
 
@@ -218,22 +235,20 @@ class RotarySite(Site):
         freqs = positions[..., None].float() * inv_freq.to(device)
         emb = torch.cat((freqs, freqs), dim=-1)
         expected_cos, expected_sin = emb.cos() * attention_factor, emb.sin() * attention_factor
-        tolerance = 1e-5
-        diff = (
-            float("inf")
-            if cos.shape != emb.shape
-            else max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
+        tolerance = 1e-5  # exact up to float32 arithmetic: the expected frequencies carry the module's rounding
+        if cos.shape != emb.shape:
+            found = f"shape {tuple(cos.shape)} against {tuple(emb.shape)}"
+        else:
+            diff = max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
+            if diff <= tolerance:
+                return
+            found = f"max |diff| {diff:.3g}"
+        raise ValueError(
+            f"{self.family}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
+            f"rotary dim={spec.dim} (rope type {params.get('rope_type', 'default')!r}): its cos/sin at positions "
+            f"0..{int(positions.max())} were compared with cat(freqs, freqs) using inv_freq held in {kept} "
+            f"({found}, tolerance {tolerance}); rope_ext cannot patch this checkpoint's RoPE variant"
         )
-        if not diff <= tolerance:
-            shape = f"shape {tuple(cos.shape)} against {tuple(emb.shape)}" if cos.shape != emb.shape else f"max |diff| {diff:.3g}"
-            raise ValueError(
-                f"{self.family}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
-                f"rotary dim={spec.dim} (rope type {params.get('rope_type', 'default')!r}): its cos/sin at positions "
-                f"0..{int(positions.max())} were compared with cat(freqs, freqs) using inv_freq held in {kept} "
-                f"({shape}, tolerance {tolerance}); rope_ext cannot patch this checkpoint's RoPE variant"
-            )
-
-    # --- config edits ------------------------------------------------------------------------------
 
     def accepts(self, rope_type: str) -> bool:
         return self.native_rope_types is None or rope_type in self.native_rope_types
@@ -281,7 +296,7 @@ class FrequencyInstaller(HookInstaller):
     that let ``save_pretrained`` reload without rope_ext where transformers has the same method natively."""
 
     kind = HOOK_FREQUENCY
-    site_kind = RotarySite.kind
+    site_kinds = frozenset({RotarySite.kind})
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, FrequencyConfig)
@@ -304,7 +319,9 @@ class FrequencyInstaller(HookInstaller):
             # transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
             extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
             if extended > (getattr(config, "max_position_embeddings", None) or 0):
-                builder.edit(config, "max_position_embeddings", extended)
+                builder.edit_config(config, "max_position_embeddings", extended)
+        if builder.kinds != {self.kind}:
+            return  # combined with other kinds: native rope_parameters alone would reload a different model
         native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
         if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
             return  # no native equivalent: the rope_ext block alone records the patch
@@ -316,11 +333,11 @@ class FrequencyInstaller(HookInstaller):
                 rope_parameters = merged
             else:
                 rope_parameters[layer_type] = merged
-        builder.edit(config, "rope_parameters", rope_parameters)
+        builder.edit_config(config, "rope_parameters", rope_parameters)
         originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
         if originals and hasattr(config, "original_max_position_embeddings"):
             # Phi-3 keeps L at the top level and transformers gives that copy priority.
-            builder.edit(config, "original_max_position_embeddings", originals.pop())
+            builder.edit_config(config, "original_max_position_embeddings", originals.pop())
 
 
 register_hook(FrequencyInstaller())

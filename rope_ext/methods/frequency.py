@@ -67,7 +67,7 @@ class RotarySpec:
 
 def default_inv_freq(base: float, dim: int, device: torch.device | None = None) -> torch.Tensor:
     """``theta_i = base ** (-2i / dim)``, float32, shape ``[dim // 2]``."""
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim  # made on the device
     return 1.0 / (base**exponents)
 
 
@@ -125,7 +125,7 @@ def by_parts_inv_freq(
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """NTK-by-parts frequencies: interpolate (``/ s``) the slow dims, keep the fast ones, ramp between."""
-    pos_freqs = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+    pos_freqs = base ** (torch.arange(0, dim, 2, device=device).float() / dim)
     inv_freq_extrapolation = 1.0 / pos_freqs
     inv_freq_interpolation = 1.0 / (factor * pos_freqs)
 
@@ -136,8 +136,8 @@ def by_parts_inv_freq(
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    extrapolation_weight = (1 - ramp).to(device=device, dtype=torch.float)  # gamma: 1 = keep frequency
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+    extrapolation_weight = 1 - ramp  # gamma: 1 = keep frequency
     return inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
 
 
@@ -196,10 +196,22 @@ class FrequencyConfig(MethodConfig):
         check_context_length(self.method, self.original_max_position_embeddings)
 
     def frequencies(
-        self, spec: RotarySpec, seq_len: SeqLen | None = None, device: torch.device | None = None
+        self,
+        spec: RotarySpec,
+        seq_len: SeqLen | None = None,
+        device: torch.device | None = None,
+        constants: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, float | torch.Tensor]:
-        """``(inv_freq [dim // 2] float32, attention_factor)`` for sequences of length ``seq_len``."""
+        """``(inv_freq [dim // 2] float32, attention_factor)`` for sequences of length ``seq_len``.
+
+        ``constants`` are this method's ``constants(spec, device)``, computed once by the caller.
+        """
         raise NotImplementedError
+
+    def constants(self, spec: RotarySpec, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Tensors a length-dependent method needs on every call but that do not depend on the length
+        (made once and kept on the model's device, so a forward copies nothing from the host)."""
+        return {}
 
     def check_spec(self, spec: RotarySpec) -> None:
         """Raise ``ValueError`` if the method cannot apply to this rotary embedding."""
@@ -222,7 +234,7 @@ class PIConfig(FrequencyConfig):
                 "whatever the original length); leave it unset"
             )
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return default_inv_freq(spec.base, spec.dim, device) / self.factor, 1.0
 
     def native_rope_parameters(self, spec, max_position_embeddings):
@@ -234,7 +246,7 @@ class PIConfig(FrequencyConfig):
 class NTKConfig(FrequencyConfig):
     method: ClassVar[str] = "ntk"
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
 
 
@@ -244,7 +256,7 @@ class DynamicNTKConfig(FrequencyConfig):
     method: ClassVar[str] = "dynamic_ntk"
     dynamic: ClassVar[bool] = True
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)
         if seq_len is None:
             return default, 1.0
@@ -309,7 +321,7 @@ class _ByPartsConfig(FrequencyConfig):
 class NTKByPartsConfig(_ByPartsConfig):
     method: ClassVar[str] = "ntk_by_parts"
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return self._by_parts(spec, self.factor, device), 1.0
 
     def native_rope_parameters(self, spec, max_position_embeddings):
@@ -344,7 +356,7 @@ class YarnConfig(_ByPartsConfig):
             return float(yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim))
         return yarn_mscale(self.factor)
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return self._by_parts(spec, self.factor, device), self.resolved_attention_factor()
 
     def native_rope_parameters(self, spec, max_position_embeddings):
@@ -362,7 +374,7 @@ class DynamicYarnConfig(_ByPartsConfig):
     method: ClassVar[str] = "dynamic_yarn"
     dynamic: ClassVar[bool] = True
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)
         if seq_len is None:
             return default, 1.0
@@ -390,7 +402,7 @@ class Llama3Config(FrequencyConfig):
                 f"got high_freq_factor={self.high_freq_factor}, low_freq_factor={self.low_freq_factor}"
             )
 
-    def frequencies(self, spec, seq_len=None, device=None):
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
         inv_freq = llama3_inv_freq(
             spec.base,
             spec.dim,
@@ -462,14 +474,19 @@ class LongRopeConfig(FrequencyConfig):
     def _short(self, spec: RotarySpec) -> tuple[float, ...]:
         return self.short_factor if self.short_factor is not None else (1.0,) * spec.num_frequencies
 
-    def frequencies(self, spec, seq_len=None, device=None):
-        self.check_spec(spec)
-        short = longrope_inv_freq(spec.base, spec.dim, self._short(spec), device)
+    def frequencies(self, spec, seq_len=None, device=None, constants=None):
+        constants = constants or self.constants(spec, device)
         if seq_len is None:
-            return short, self.resolved_attention_factor(spec)
-        long = longrope_inv_freq(spec.base, spec.dim, self.long_factor, device)
-        inv_freq = beyond(seq_len, spec.original_max_position_embeddings, long, short)
+            return constants["short"], self.resolved_attention_factor(spec)
+        inv_freq = beyond(seq_len, spec.original_max_position_embeddings, constants["long"], constants["short"])
         return inv_freq, self.resolved_attention_factor(spec)
+
+    def constants(self, spec, device=None):
+        self.check_spec(spec)
+        return {
+            "short": longrope_inv_freq(spec.base, spec.dim, self._short(spec), device),
+            "long": longrope_inv_freq(spec.base, spec.dim, self.long_factor, device),
+        }
 
     def native_rope_parameters(self, spec, max_position_embeddings):
         return {
