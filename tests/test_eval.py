@@ -545,15 +545,19 @@ def test_plotting_leaves_the_matplotlib_backend_alone(tmp_path):
     assert (tmp_path / "ppl.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def _copy_tokenizer(checkpoint, folder):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (checkpoint / name).exists():
+            (folder / name).write_bytes((checkpoint / name).read_bytes())
+
+
 def test_cli_site_options_reach_patch(tmp_path, tiny_checkpoint, capsys):
     """A checkpoint that already scales RoPE needs --replace-scaling; the option is recorded with the run."""
     checkpoint, text = tiny_checkpoint
     scaled = tmp_path / "scaled"
     model = tiny_model("llama", rope_parameters={"rope_theta": 10000.0, "rope_type": "linear", "factor": 2.0})
     model.save_pretrained(scaled)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (checkpoint / name).exists():
-            (scaled / name).write_bytes((checkpoint / name).read_bytes())
+    _copy_tokenizer(checkpoint, scaled)
     args = ["eval", "ppl", "--model", str(scaled), "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64",
             "--target-tokens", "16", "--methods", "none,yarn:factor=2:original_max_position_embeddings=64",
             "--out", str(tmp_path / "run"), "--no-plot"]
@@ -583,9 +587,7 @@ def test_cli_evaluates_a_folder_saved_while_patched_from_the_unpatched_model(tmp
     model = tiny_model("llama")
     rope_ext.patch(model, "ntk", factor=2.0)
     model.save_pretrained(saved)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (checkpoint / name).exists():
-            (saved / name).write_bytes((checkpoint / name).read_bytes())
+    _copy_tokenizer(checkpoint, saved)
     args = ["eval", "ppl", "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64", "--target-tokens",
             "16", "--methods", "none,ntk:factor=2", "--no-plot"]
     assert main([*args, "--model", str(saved), "--out", str(tmp_path / "a")]) == 0
