@@ -34,6 +34,21 @@ def _buffer_name(layer_type: str | None, name: str = "inv_freq") -> str:
     return name if layer_type is None else f"{layer_type}_{name}"
 
 
+def _frequency_placement(module: nn.Module) -> tuple[torch.device | None, torch.dtype]:
+    """Device and dtype in which ``module`` keeps its frequencies (its first floating-point buffer)."""
+    buffer = next((b for b in module.buffers() if b.is_floating_point()), None)
+    return (buffer.device, buffer.dtype) if buffer is not None else (None, torch.float32)
+
+
+def rope_cos_sin(
+    position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary contract in float32: ``cat(freqs, freqs).cos() * attention_factor`` and ``sin``."""
+    freqs = position_ids[..., None].float() * inv_freq.to(device=position_ids.device, dtype=torch.float)  # [b, q, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [b, q, d]
+    return emb.cos() * attention_factor, emb.sin() * attention_factor
+
+
 class RopeExtRotaryEmbedding(RopeExtModule):
     """Drop-in for a family's rotary module; configured by the hooks that work on rotary positions."""
 
@@ -47,8 +62,7 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         self.constant_names: dict[str | None, list[str]] = {}
 
     def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
-        buffers = [b for b in self.original.buffers() if b.is_floating_point()]
-        device = buffers[0].device if buffers else None
+        device, dtype = _frequency_placement(self.original)
         self.method, self.specs = method, specs
         for layer_type, spec in specs.items():
             method.check_spec(spec)
@@ -62,7 +76,7 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             inv_freq, attention_factor = method.frequencies(spec, None, device=device)
             # kept in the dtype the original keeps its own (a model cast to bf16 holds a bf16 inv_freq), so
             # casting before or after patching gives the same model, as it does for transformers' own scaling
-            inv_freq = inv_freq.to(buffers[0].dtype if buffers else torch.float32)
+            inv_freq = inv_freq.to(dtype)
             self.register_buffer(_buffer_name(layer_type), inv_freq, persistent=False)  # [d/2]
             self.attention_scaling[layer_type] = attention_factor
 
@@ -73,7 +87,8 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         if self.method.dynamic:
             spec = self.specs[layer_type]
             seq_len = position_ids.max() + 1  # a device tensor: no host sync
-            constants = {name: getattr(self, _buffer_name(layer_type, name)) for name in self.constant_names[layer_type]}
+            names = self.constant_names[layer_type]
+            constants = {name: getattr(self, _buffer_name(layer_type, name)) for name in names}
             return self.method.frequencies(spec, seq_len, device=device, constants=constants)
         return getattr(self, _buffer_name(layer_type)), self.attention_scaling[layer_type]
 
@@ -86,10 +101,7 @@ class RopeExtRotaryEmbedding(RopeExtModule):
                 return self.original(x, position_ids)
             return self.original(x, position_ids, layer_type)
         inv_freq, attention_factor = self.frequencies(position_ids, layer_type, x.device)
-        freqs = position_ids[..., None].float() * inv_freq.to(device=x.device, dtype=torch.float)  # [b, q, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [b, q, d]
-        cos = emb.cos() * attention_factor
-        sin = emb.sin() * attention_factor
+        cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor)
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
     def extra_repr(self) -> str:
@@ -219,9 +231,7 @@ class RotarySite(Site):
         context, and the module's state is put back afterwards (dynamic rope types update it on a call).
         """
         module = self.module
-        buffers = [b for b in module.buffers() if b.is_floating_point()]
-        device = buffers[0].device if buffers else None
-        kept = buffers[0].dtype if buffers else torch.float32
+        device, kept = _frequency_placement(module)
         inv_freq, attention_factor = self._expected_inv_freq(layer_type, params, spec, device)
         inv_freq = inv_freq.to(kept).float()
         probe = torch.zeros(1, dtype=torch.float32, device=device)
@@ -232,12 +242,10 @@ class RotarySite(Site):
             cos, sin = module(probe, positions) if layer_type is None else module(probe, positions, layer_type)
         finally:
             _restore(module, state)
-        freqs = positions[..., None].float() * inv_freq.to(device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        expected_cos, expected_sin = emb.cos() * attention_factor, emb.sin() * attention_factor
+        expected_cos, expected_sin = rope_cos_sin(positions, inv_freq, attention_factor)
         tolerance = 1e-5  # exact up to float32 arithmetic: the expected frequencies carry the module's rounding
-        if cos.shape != emb.shape:
-            found = f"shape {tuple(cos.shape)} against {tuple(emb.shape)}"
+        if cos.shape != expected_cos.shape:
+            found = f"shape {tuple(cos.shape)} against {tuple(expected_cos.shape)}"
         else:
             diff = max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
             if diff <= tolerance:
