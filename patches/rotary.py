@@ -16,13 +16,14 @@ import importlib
 
 from torch import nn
 
+from rope_ext.hooks.attention import AttentionSite, attention_modules
 from rope_ext.hooks.base import Sites
 from rope_ext.hooks.rotary import RotarySite
 from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
 
 
 class RotaryFamily(FamilyAdapter):
-    site_kinds = frozenset({RotarySite.kind})
+    site_kinds = frozenset({RotarySite.kind, AttentionSite.kind})
 
     def __init__(
         self,
@@ -49,7 +50,11 @@ class RotaryFamily(FamilyAdapter):
     def locate(self, model: nn.Module) -> Sites:
         rotary = self.rotary_sites(model)
         config = getattr(model, "config", None) or rotary[0].config
-        return Sites(config, {RotarySite.kind: rotary})
+        sites = {RotarySite.kind: rotary}
+        modules = attention_modules(model, rotary[0].config)
+        if modules and len(rotary) == 1:
+            sites[AttentionSite.kind] = [AttentionSite(self.name, modules, rotary[0])]
+        return Sites(config, sites)
 
 
 # family -> (module under transformers.models, rotary class[, table fields])

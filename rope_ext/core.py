@@ -130,7 +130,8 @@ def patched(model: ModelT, method: Any, **options: Any) -> Iterator[ModelT]:
         if _find_state(model) is not None:  # the body may have unpatched already: keep its exception
             unpatch(model)
         raise
-    unpatch(model)
+    if _find_state(model) is not None:  # the body may have unpatched already
+        unpatch(model)
 
 
 def methods_for(hooks: frozenset[str]) -> list[str]:

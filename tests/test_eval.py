@@ -357,6 +357,16 @@ def _cli(tmp_path, checkpoint, text, *extra):
     )
 
 
+def test_cli_eval_ppl_with_combined_attention_methods(tmp_path, tiny_checkpoint):
+    checkpoint, text = tiny_checkpoint
+    methods = "none,dca+yarn:factor=4,rerope:w=16+logn"
+    assert _cli(tmp_path, checkpoint, text, "--methods", methods, "--no-plot") == 0
+    results = json.loads((tmp_path / "run" / "ppl.json").read_text())
+    by_method = {(r["method"], r["length"]): r for r in results["summary"]}
+    assert {m for m, _ in by_method} == {"none", "dca+yarn:factor=4", "rerope:w=16+logn"}
+    assert by_method[("rerope:w=16+logn", 128)]["perplexity"] != by_method[("none", 128)]["perplexity"]
+
+
 def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path, tiny_checkpoint, capsys):
     checkpoint, text = tiny_checkpoint
     assert _cli(tmp_path, checkpoint, text) == 0
@@ -391,7 +401,7 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
 def test_cli_bad_input(tmp_path, tiny_checkpoint, capsys):
     checkpoint, text = tiny_checkpoint
     assert main(["eval", "ppl", "--model", str(checkpoint), "--methods", "none,yarnn", "--out", str(tmp_path)]) == 2
-    assert "unknown method 'yarnn'; valid methods: dynamic_ntk" in capsys.readouterr().err
+    assert "unknown method 'yarnn'; valid methods: dca, dynamic_ntk" in capsys.readouterr().err
     assert main(["eval", "ppl", "--model", str(checkpoint), "--methods", "yarn:factor", "--out", str(tmp_path)]) == 2
     assert "malformed method option 'factor' in 'yarn:factor'" in capsys.readouterr().err
     assert main(["eval", "ppl", "--lengths", "4x", "--out", str(tmp_path)]) == 2

@@ -9,7 +9,10 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from rope_ext.methods import MethodConfig, RotarySpec, list_methods, make_config
+from rope_ext.methods import MethodConfig, RotarySpec, get_method_class, list_methods, make_config
+
+#: the frequency methods (the attention-rewrite ones are tested in test_attention.py)
+FREQUENCY_METHODS = [m for m in list_methods() if get_method_class(m).hook == "frequency"]
 from rope_ext.methods.frequency import default_inv_freq, dynamic_scale, ntk_base
 
 SPEC = RotarySpec(base=10000.0, dim=64, original_max_position_embeddings=2048)
@@ -39,7 +42,7 @@ def hf_config(**rope) -> LlamaConfig:
     )
 
 
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_identity_setting_keeps_default_frequencies(method):
     lengths = [None, 1000, SPEC.original_max_position_embeddings]
     if method not in ("dynamic_ntk", "dynamic_yarn", "longrope"):
@@ -216,7 +219,7 @@ def test_dynamic_yarn_is_yarn_at_the_current_scale(seq_len):
 # --- configs: validation, round trip, parsing ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_config_round_trips_through_dict(method):
     config = config_for(method, 3.0)
     data = config.to_dict()
@@ -227,7 +230,7 @@ def test_config_round_trips_through_dict(method):
     assert MethodConfig.from_dict(json.loads(json.dumps(data))) == config
 
 
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
 @pytest.mark.parametrize("factor", [0, -1.0, float("nan"), float("inf")])
 def test_bad_factor_is_rejected_with_valid_range(method, factor):
     with pytest.raises(ValueError, match=r"factor must be a finite number > 0"):
@@ -235,7 +238,7 @@ def test_bad_factor_is_rejected_with_valid_range(method, factor):
 
 
 def test_unknown_method_lists_valid_methods():
-    with pytest.raises(ValueError, match=r"unknown method 'yarnn'; valid methods: dynamic_ntk, .*yarn"):
+    with pytest.raises(ValueError, match=r"unknown method 'yarnn'; valid methods: dca, dynamic_ntk, .*yarn"):
         make_config("yarnn")
 
 

@@ -20,7 +20,10 @@ from transformers import AutoModelForCausalLM
 
 import rope_ext
 from rope_ext.core import STATE_ATTR
-from rope_ext.methods import YarnConfig, list_methods, make_config
+from rope_ext.methods import YarnConfig, get_method_class, list_methods, make_config
+
+#: the frequency methods (the attention-rewrite ones are tested in test_attention.py)
+FREQUENCY_METHODS = [m for m in list_methods() if get_method_class(m).hook == "frequency"]
 
 FAMILIES = sorted(FAMILY_MODEL_TYPES)
 LONG = 4 * ORIGINAL_CONTEXT
@@ -71,7 +74,7 @@ def test_logits_match_transformers_native_rope(family, method):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_patch_changes_long_logits_and_unpatch_is_exact(family, method):
     model = tiny_model(family)
     ids = input_ids(LONG, batch=2)
@@ -98,7 +101,7 @@ def test_patch_changes_long_logits_and_unpatch_is_exact(family, method):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_identity_setting_leaves_logits_unchanged(family, method):
     model = tiny_model(family)
     ids = input_ids(LONG if method not in ("dynamic_ntk", "dynamic_yarn", "longrope") else ORIGINAL_CONTEXT)
@@ -142,7 +145,7 @@ def test_padded_batch_matches_single_sequences():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3", "gpt_neox", "phi3"])
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_save_and_reload(tmp_path, family, method):
     model = tiny_model(family)
     options = method_options(method, family)
@@ -251,7 +254,7 @@ def _assert_untouched(model, ids, before):
 @pytest.mark.parametrize(
     ("method", "options", "message"),
     [
-        ("yarnn", {"factor": 2.0}, r"unknown method 'yarnn'; valid methods: dynamic_ntk, dynamic_yarn, llama3"),
+        ("yarnn", {"factor": 2.0}, r"unknown method 'yarnn'; valid methods: dca, dynamic_ntk, dynamic_yarn, leaky_rerope, llama3"),
         ("yarn", {"factor": 0.0}, r"yarn: factor must be a finite number > 0, got 0.0"),
         ("pi", {"factor": float("nan")}, r"pi: factor must be a finite number > 0, got nan"),
         ("ntk", {"factor": -2}, r"ntk: factor must be a finite number > 0, got -2"),

@@ -55,3 +55,58 @@ def reference_attention(
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a fully masked row attends to nothing
     return (weights @ v.to(torch.float64)).to(q.dtype)  # [b, h, q, d]
+
+
+def method_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    method,
+    query_scale,
+    original: int,
+    inv_freq: torch.Tensor,
+    attention_factor,
+    scaling: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """A method's attention straight from its formula, for unpadded rows (keys at ``0..m-1``, queries the last
+    ``n``): ``rel'`` from ``method.relative`` (plain ``i - j`` for ``None``), the causal (and sliding-window)
+    mask, and the query multipliers (``query_scale``'s log-n, Dual Chunk Attention's mscale)."""
+    n, m = q.shape[2], k.shape[2]
+    i = torch.arange(m - n, m, device=q.device)[:, None]
+    j = torch.arange(m, device=q.device)[None]
+    rel = i - j if method is None else method.relative(i, j)
+    allowed = i - j >= 0
+    if sliding_window is not None:
+        allowed &= i - j < sliding_window
+    multiplier = torch.ones(n, dtype=torch.float64, device=q.device)
+    if query_scale is not None:
+        multiplier = multiplier * query_scale.scale(i[:, 0], original)
+    dca_scale = getattr(method, "query_scale", None)
+    if dca_scale is not None and dca_scale(i[:, 0], original) is not None:
+        multiplier = multiplier * dca_scale(i[:, 0], original)
+    return reference_attention(
+        q, k, v, rel[None], inv_freq, allowed=allowed[None], scaling=scaling,
+        attention_factor=attention_factor, query_scale=multiplier[None],
+    )
+
+
+def two_matrix_attention(q, k, v, *, method, inv_freq, attention_factor, scaling) -> torch.Tensor:
+    """The reference repositories' strategy for a window method (ReRoPE's ``rerope_patch.py``): two full
+    ``n x n`` score matrices, one with plain RoPE and one with the far rotation, joined by
+    ``where(rel < w)``; unpadded rows, queries the last ``n`` keys. Kept to measure the fast path against."""
+    from rope_ext.hooks.attention import rotate
+
+    n, m = q.shape[2], k.shape[2]
+    q_pos = torch.arange(m - n, m, device=q.device, dtype=torch.float32)
+    k_pos = torch.arange(m, device=q.device, dtype=torch.float32)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    near = rotate(q, q_pos, inv_freq, attention_factor) @ rotate(k, k_pos, inv_freq, attention_factor).transpose(-1, -2)
+    far_q = rotate(q, method.far_query(q_pos), inv_freq, attention_factor)
+    far = far_q @ rotate(k, method.far_key(k_pos), inv_freq, attention_factor).transpose(-1, -2)
+    rel = q_pos[:, None] - k_pos[None]
+    scores = torch.where(rel < method.window, near, far) * scaling
+    scores = scores.masked_fill(rel < 0, float("-inf"))
+    return (torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v)

@@ -11,8 +11,20 @@ from rope_ext.hooks.base import (
     unregister_hook,
 )
 from rope_ext.hooks.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite
+from rope_ext.hooks.attention import (  # noqa: E402  (registers the attention function with transformers)
+    ATTENTION_KEY,
+    AttentionHook,
+    AttentionInstaller,
+    AttentionSite,
+    QueryScaleInstaller,
+)
 
 __all__ = [
+    "ATTENTION_KEY",
+    "AttentionHook",
+    "AttentionInstaller",
+    "AttentionSite",
+    "QueryScaleInstaller",
     "FrequencyInstaller",
     "HookInstaller",
     "PlanBuilder",

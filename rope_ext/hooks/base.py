@@ -146,7 +146,8 @@ class PlanBuilder:
         key = id(site)
         if key not in self._replacements:
             parent, name, new = build()
-            self.edit(parent, name, new)
+            if parent is not None:  # a replacement that is not itself set on the model (it edits other objects)
+                self.edit(parent, name, new)
             self._replacements[key] = new
         return self._replacements[key]
 

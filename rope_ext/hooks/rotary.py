@@ -60,10 +60,13 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         self.specs: dict[str | None, RotarySpec] = {}
         self.attention_scaling: dict[str | None, float] = {}
         self.constant_names: dict[str | None, list[str]] = {}
+        #: layer types whose (cos, sin) are the identity, with their rotary dimension
+        self.identity: dict[str | None, int] = {}
 
     def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
         device, dtype = _frequency_placement(self.original)
-        self.method, self.specs = method, specs
+        self.method = method
+        self.specs.update(specs)
         for layer_type, spec in specs.items():
             method.check_spec(spec)
             _check_finite(method, spec, device)
@@ -80,11 +83,27 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             self.register_buffer(_buffer_name(layer_type), inv_freq, persistent=False)  # [d/2]
             self.attention_scaling[layer_type] = attention_factor
 
+    def set_identity(self, specs: dict[str | None, RotarySpec]) -> None:
+        """Return ``(ones, zeros)`` for these layer types: queries and keys reach attention unrotated (an
+        attention hook rotates them there, with ``frequencies``)."""
+        for layer_type, spec in specs.items():
+            self.identity[layer_type] = spec.dim
+            self.specs.setdefault(layer_type, spec)
+
+    def set_base(self, site: RotarySite, specs: dict[str | None, RotarySpec]) -> None:
+        """Keep the checkpoint's own frequencies (its rope type's, from transformers' init function) for the
+        attention hook, when no frequency method supplies new ones."""
+        device, dtype = _frequency_placement(self.original)
+        for layer_type, spec in specs.items():
+            inv_freq, attention_factor = site._expected_inv_freq(layer_type, site.params(layer_type), spec, device)
+            self.register_buffer(_buffer_name(layer_type), inv_freq.to(dtype), persistent=False)
+            self.attention_scaling[layer_type] = attention_factor
+
     def frequencies(
         self, position_ids: torch.Tensor, layer_type: str | None, device: torch.device
     ) -> tuple[torch.Tensor, float | torch.Tensor]:
         """``(inv_freq [d/2], attention_factor)`` in effect for this call."""
-        if self.method.dynamic:
+        if self.method is not None and self.method.dynamic:
             spec = self.specs[layer_type]
             seq_len = position_ids.max() + 1  # a device tensor: no host sync
             names = self.constant_names[layer_type]
@@ -100,6 +119,9 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             if layer_type is None:
                 return self.original(x, position_ids)
             return self.original(x, position_ids, layer_type)
+        if layer_type in self.identity:
+            shape = (*position_ids.shape, self.identity[layer_type])
+            return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
         inv_freq, attention_factor = self.frequencies(position_ids, layer_type, x.device)
         cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor)
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
@@ -107,6 +129,8 @@ class RopeExtRotaryEmbedding(RopeExtModule):
     def extra_repr(self) -> str:
         layer_types = [lt for lt in self.specs if lt is not None]
         suffix = f", layer_types={layer_types}" if layer_types else ""
+        if self.identity:
+            suffix += ", rotated in attention"
         return f"method={self.method.method if self.method else None}{suffix}"
 
 
@@ -168,20 +192,23 @@ class RotarySite(Site):
         config_value = getattr(self.config, "original_max_position_embeddings", None)
         return bool(params.get("original_max_position_embeddings") or config_value)
 
-    def spec(self, layer_type: str | None, method: FrequencyConfig, replace_scaling: bool) -> RotarySpec:
+    def spec(self, layer_type: str | None, method: FrequencyConfig | None, replace_scaling: bool) -> RotarySpec:
+        """The base rotation of ``layer_type`` for ``method`` (``None``: the checkpoint's own rotation, kept)."""
         config, params = self.config, self.params(layer_type)
-        self._check_existing_scaling(layer_type, params, replace_scaling)
+        if method is not None:
+            self._check_existing_scaling(layer_type, params, replace_scaling)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         native = self.original_length(layer_type)
-        if not native and not method.original_max_position_embeddings:
+        requested = method.original_max_position_embeddings if method is not None else None
+        if not native and not requested:
             raise ValueError(
                 f"{self.family}: the model config gives no original context length "
                 "(max_position_embeddings); pass original_max_position_embeddings=..."
             )
-        requested = method.original_max_position_embeddings
         rope_type = params.get("rope_type", "default")
-        if rope_type not in ("default", "dynamic") and not requested and not self._states_original(params):
+        stated = requested or self._states_original(params)
+        if method is not None and rope_type not in ("default", "dynamic") and not stated:
             raise ValueError(
                 f"{self.family}: the checkpoint's {rope_type!r} scaling gives no original context length (its "
                 "max_position_embeddings is the extended one); pass original_max_position_embeddings=..."
@@ -316,6 +343,10 @@ class FrequencyInstaller(HookInstaller):
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
             self._config_edits(builder, site, method, specs)
+        if getattr(method, "cache_consistent", False):  # keys rotated in attention, with the current length's
+            from rope_ext.hooks.attention import attention_setup
+
+            attention_setup(builder, method)
 
     def _config_edits(
         self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]

@@ -1,5 +1,17 @@
 """Pure-math method definitions (no transformers import): configs, formulas and the method registry."""
 
+from rope_ext.methods.attention import (
+    HOOK_ATTENTION,
+    HOOK_QUERY_SCALE,
+    AttentionConfig,
+    DualChunkConfig,
+    LeakyReRopeConfig,
+    LogNConfig,
+    ReRopeConfig,
+    SelfExtendConfig,
+    StringConfig,
+    WindowConfig,
+)
 from rope_ext.methods.base import (
     HOOK_FREQUENCY,
     MethodConfig,
@@ -24,6 +36,16 @@ from rope_ext.methods.frequency import (
 )
 
 __all__ = [
+    "HOOK_ATTENTION",
+    "HOOK_QUERY_SCALE",
+    "AttentionConfig",
+    "DualChunkConfig",
+    "LeakyReRopeConfig",
+    "LogNConfig",
+    "ReRopeConfig",
+    "SelfExtendConfig",
+    "StringConfig",
+    "WindowConfig",
     "HOOK_FREQUENCY",
     "DynamicNTKConfig",
     "DynamicYarnConfig",

@@ -250,11 +250,27 @@ class NTKConfig(FrequencyConfig):
         return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
 
 
+def _check_consistent(config: FrequencyConfig) -> None:
+    """``cache_consistent=True``: keys are cached unrotated and every step rotates all of them with the current
+    length's frequencies (through the attention hook), so a cached step sees the rotation a full forward of
+    the same tokens would (transformers #25104: natively, keys keep the rotation of the step that cached
+    them). Hidden states of earlier tokens in deeper layers still come from the step that computed them."""
+    if not isinstance(config.cache_consistent, bool):
+        raise ValueError(f"{config.method}: cache_consistent must be True or False, got {config.cache_consistent!r}")
+
+
 @register_method
 @dataclass(frozen=True)
 class DynamicNTKConfig(FrequencyConfig):
     method: ClassVar[str] = "dynamic_ntk"
     dynamic: ClassVar[bool] = True
+
+    #: rotate cached keys at attention time with the current length's frequencies (see ``_check_consistent``)
+    cache_consistent: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_consistent(self)
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)
@@ -373,6 +389,13 @@ class DynamicYarnConfig(_ByPartsConfig):
 
     method: ClassVar[str] = "dynamic_yarn"
     dynamic: ClassVar[bool] = True
+
+    #: rotate cached keys at attention time with the current length's frequencies (see ``_check_consistent``)
+    cache_consistent: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_consistent(self)
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)

@@ -69,3 +69,20 @@ def logn_scale(i: torch.Tensor, original: int) -> torch.Tensor:
     if isinstance(original, bool) or not isinstance(original, int) or original < 2:
         raise ValueError(f"original must be an int >= 2, got {original!r}")
     return torch.clamp(torch.log(i.to(torch.float64) + 1) / math.log(original), min=1.0)
+
+
+def dca_positions(i: torch.Tensor, j: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
+    """Dual Chunk Attention's ``rel'`` with chunks of ``s = chunk_size - local_window`` positions; keys sit at
+    ``j mod s``. Same chunk: the query at ``i mod s``; the previous chunk: at ``min(i mod s + s, chunk_size)``;
+    older chunks: at ``chunk_size``. Every ``rel'`` stays at most ``chunk_size``."""
+    _check_window("chunk_size", chunk_size)
+    _check_window("local_window", local_window)
+    s = chunk_size - local_window
+    if s <= 0:
+        raise ValueError(f"local_window must be below chunk_size, got {local_window!r} >= {chunk_size!r}")
+    chunk_i, chunk_j = i // s, j // s
+    intra = i % s
+    successive = torch.clamp(i % s + s, max=chunk_size)
+    older = torch.full_like(i, chunk_size)
+    query = torch.where(chunk_i == chunk_j, intra, torch.where(chunk_i == chunk_j + 1, successive, older))
+    return query - j % s

@@ -1,0 +1,423 @@
+"""The attention site and the hook kinds that rewrite attention (``attention``, ``query_scale``).
+
+How it is wired into transformers, without copying a forward function:
+
+* the rotary replacement returns ``(ones, zeros)`` for the patched layer types, so queries and keys reach
+  attention -- and the KV cache -- unrotated (bit-exact: ``q * 1 + rotate_half(q) * 0``);
+* one attention function, registered process-wide as ``"rope_ext"`` with ``AttentionInterface`` *and*
+  ``AttentionMaskInterface`` (with transformers' ``flash_attention_mask``, so it receives the 2D padding
+  mask; a key without a mask function gets ``attention_mask=None`` and padding would be dropped);
+* each attention module gets an ``AttentionHook`` (a plain object, not a submodule, so state dicts are
+  unchanged) holding its own settings; the registered function reads it from ``module`` at call time, so
+  models patched differently in one process do not interfere;
+* the config's attention implementation is set to ``"rope_ext"`` and put back by ``unpatch``.
+
+The hook rotates queries and keys itself, with the frequencies the rotary replacement gives for the
+current length (a frequency method's, or the checkpoint's own), region by region (``rope_ext.attention``).
+Keys are rotated at attention time, so a dynamic frequency method is consistent with the cache. Layers
+left alone (sliding-window layers) run plain attention with their window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from rope_ext.attention import kernels
+from rope_ext.attention.reference import method_reference, two_matrix_attention
+from rope_ext.hooks.base import HookInstaller, PlanBuilder, Site, register_hook
+from rope_ext.hooks.rotary import RopeExtRotaryEmbedding, RotarySite, rope_cos_sin
+from rope_ext.methods import (
+    HOOK_ATTENTION,
+    HOOK_FREQUENCY,
+    HOOK_QUERY_SCALE,
+    AttentionConfig,
+    DualChunkConfig,
+    LogNConfig,
+    MethodConfig,
+    WindowConfig,
+)
+
+#: the key under which the attention function and its mask function are registered
+ATTENTION_KEY = "rope_ext"
+#: the attribute of a patched attention module that holds its ``AttentionHook``
+HOOK_ATTR = "_rope_ext_attention"
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor) -> torch.Tensor:
+    """``x [b, h, n, d]`` rotated at ``positions [n]`` as transformers' ``apply_rotary_pos_emb`` does (cos/sin in
+    float32, cast to ``x``'s dtype; dims past the rotary dimension pass unchanged)."""
+    cos, sin = rope_cos_sin(positions[None], inv_freq, attention_factor)  # [1, n, r]
+    cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]  # [1, 1, n, r]
+    rotary = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+    rotated = x_rot * cos + _rotate_half(x_rot) * sin
+    return torch.cat((rotated, x_pass), dim=-1) if x_pass.shape[-1] else rotated
+
+
+@dataclass(eq=False)
+class AttentionHook:
+    """One attention module's settings, read by the registered attention function on every call."""
+
+    #: where this layer's frequencies come from; ``None``: queries and keys arrive rotated already
+    rotary: RopeExtRotaryEmbedding | None
+    layer_type: str | None
+    #: ``L`` of this layer's rotary embedding
+    original: int
+    #: the attention method (resolved against ``L``); ``None``: plain attention (causal, or the layer's window)
+    method: AttentionConfig | None = None
+    query_scale: LogNConfig | None = None
+    tile: int = kernels.TILE
+    #: ``"fast"``; ``"reference"``: the plain formula (full score matrices in float64, for tests);
+    #: ``"two_matrix"``: the reference repositories' two-matrix strategy (window methods, for benchmarks)
+    path: str = "fast"
+
+    def __call__(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None,
+        dropout: float,
+        position_ids: torch.Tensor | None,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        if dropout:
+            raise ValueError(
+                f"rope_ext attention does not implement attention dropout (got {dropout}); set the config's "
+                "attention_dropout to 0 or call model.eval()"
+            )
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(
+                f"rope_ext attention takes a 2D padding mask (batch, keys); got a {attention_mask.dim()}D mask. "
+                "Pass attention_mask as transformers' tokenizers make it"
+            )
+        if self.method is not None and sliding_window is not None:
+            raise ValueError(f"layer {getattr(module, 'layer_idx', '?')}: a sliding-window layer cannot take {self.method.method}")
+        batch, _, n, _ = query.shape
+        m = key.shape[2]
+        if attention_mask is not None and attention_mask.shape[-1] != m:
+            raise ValueError(
+                f"rope_ext attention got {m} cached keys but a padding mask over {attention_mask.shape[-1]}: a static "
+                "(preallocated) cache is not supported; use the default dynamic cache"
+            )
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        frequencies = None
+        if self.rotary is not None:
+            # the current length, as the rotary module sees it (dynamic methods follow it)
+            length_ids = position_ids if position_ids is not None else torch.full((1, 1), m - 1, device=query.device)
+            frequencies = self.rotary.frequencies(length_ids, self.layer_type, query.device)
+        rows = None if attention_mask is None else attention_mask.to(torch.bool)
+        if rows is not None and n < m and not bool(rows[:, -1].all()):
+            raise ValueError(
+                "rope_ext attention got a padding mask whose last key is masked: a static (preallocated) cache is "
+                "not supported; use the default dynamic cache"
+            )
+        if rows is None and position_ids is not None and bool((position_ids[:, -1] != m - 1).any()):
+            raise ValueError(
+                f"rope_ext attention takes positions from the keys ({m} of them, the last at {m - 1}), but position_ids "
+                f"end at {position_ids[:, -1].tolist()}: a static (preallocated) cache and custom position_ids (packed "
+                "sequences, offsets) are not supported; use the default dynamic cache and an attention mask"
+            )
+        if rows is not None and bool(rows.all()):
+            rows = None
+        if rows is None:
+            out = self._attend(query, key, value, scale, frequencies, sliding_window)
+        else:  # padded rows, one by one, compacted to their own tokens
+            out = torch.zeros(*query.shape[:-1], value.shape[-1], dtype=query.dtype, device=query.device)
+            for r in range(batch):
+                keep = rows[r]
+                keys = keep.nonzero().squeeze(-1)
+                queries = keep[m - n :].nonzero().squeeze(-1)
+                if queries.numel() == 0:
+                    continue
+                q_r = query[r : r + 1, :, queries]
+                out[r, :, queries] = self._attend(
+                    q_r, key[r : r + 1, :, keys], value[r : r + 1, :, keys], scale, frequencies, sliding_window
+                )[0]
+        return out.transpose(1, 2).contiguous()
+
+    def _attend(self, q, k, v, scale, frequencies, sliding_window) -> torch.Tensor:
+        """Rows without padding: keys at positions ``0..m-1``, queries the last ``n`` of them."""
+        n, m = q.shape[2], k.shape[2]
+        q0 = m - n
+        far_limit = None if sliding_window is None else sliding_window - 1
+        acc = kernels.Accumulator(q, v.shape[-1])
+        if frequencies is None:  # rotated already: plain attention
+            self._plain(acc, q, k, v, scale, q0, far_limit)
+            return acc.out.to(q.dtype)
+        inv_freq, attention_factor = frequencies
+        if self.path == "two_matrix" and isinstance(self.method, WindowConfig) and self.query_scale is None:
+            return two_matrix_attention(
+                q, k, v, method=self.method, inv_freq=inv_freq, attention_factor=attention_factor, scaling=scale
+            )
+        if self.path != "fast":
+            return method_reference(
+                q, k, v, method=self.method, query_scale=self.query_scale, original=self.original, inv_freq=inv_freq,
+                attention_factor=attention_factor, scaling=scale, sliding_window=sliding_window,
+            )
+        device = q.device
+        q_pos = torch.arange(q0, m, device=device, dtype=torch.float32)
+        multiplier = self._query_multiplier(q_pos)
+        if multiplier is not None:
+            q = q * multiplier.to(q.dtype)[:, None]
+        method = self.method
+        if method is None:
+            k_pos = torch.arange(m, device=device, dtype=torch.float32)
+            q_std, k_std = rotate(q, q_pos, inv_freq, attention_factor), rotate(k, k_pos, inv_freq, attention_factor)
+            self._plain(acc, q_std, k_std, v, scale, q0, far_limit)
+        elif isinstance(method, WindowConfig):
+            self._window(acc, method, q, k, v, scale, q0, q_pos, inv_freq, attention_factor)
+        elif isinstance(method, DualChunkConfig):
+            self._dual_chunk(acc, method, q, k, v, scale, q0, q_pos, inv_freq, attention_factor)
+        else:
+            raise TypeError(f"no attention path for {type(method).__name__}")
+        return acc.out.to(q.dtype)
+
+    def _query_multiplier(self, q_pos: torch.Tensor) -> torch.Tensor | None:
+        factors = []
+        if self.query_scale is not None:
+            factors.append(self.query_scale.scale(q_pos, self.original))
+        if isinstance(self.method, DualChunkConfig):
+            factor = self.method.query_scale(q_pos, self.original)
+            if factor is not None:
+                factors.append(factor)
+        if not factors:
+            return None
+        product = factors[0]
+        for factor in factors[1:]:
+            product = product * factor
+        return product.float()
+
+    def _plain(self, acc, q, k, v, scale, q0, far_limit) -> None:
+        if far_limit is None and q0 == 0:
+            acc.add(0, q.shape[2], *kernels.causal_attention(q, k, v, scale))
+        else:
+            start = 0 if far_limit is None else max(0, q0 - far_limit)
+            kernels.region(acc, q, k[:, :, start:], v[:, :, start:], scale, q0, 0, far_limit, start, self.tile)
+
+    def _window(self, acc, method: WindowConfig, q, k, v, scale, q0, q_pos, inv_freq, attention_factor) -> None:
+        m = k.shape[2]
+        w = method.window
+        band_start = max(0, q0 - w + 1)  # the band needs only the last keys (decode rotates w of them)
+        k_pos = torch.arange(m, device=q.device, dtype=torch.float32)
+        q_std = rotate(q, q_pos, inv_freq, attention_factor)
+        far_keys = m - w  # keys 0..m-w-1 can be w or more behind the last query
+        if method.far_key_is_position and far_keys > 0:
+            k_std = rotate(k, k_pos, inv_freq, attention_factor)
+            k_band = k_std[:, :, band_start:]
+        else:
+            k_std = None
+            k_band = rotate(k[:, :, band_start:], k_pos[band_start:], inv_freq, attention_factor)
+        kernels.region(acc, q_std, k_band, v[:, :, band_start:], scale, q0, 0, w - 1, band_start, self.tile)
+        if far_keys <= 0 or q_pos[-1] < w:
+            return
+        if k_std is not None:
+            k_far = k_std[:, :, :far_keys]
+        elif method.far_key_is_zero:
+            k_far = rotate(k[:, :, :far_keys], k_pos.new_zeros(far_keys), inv_freq, attention_factor)
+        else:
+            k_far = rotate(k[:, :, :far_keys], method.far_key(k_pos[:far_keys]), inv_freq, attention_factor)
+        first = max(0, w - q0)  # queries before position w have no far keys
+        q_far = rotate(q[:, :, first:], method.far_query(q_pos[first:]), inv_freq, attention_factor)
+        sub = _Shifted(acc, first)
+        kernels.region(sub, q_far, k_far, v[:, :, :far_keys], scale, q0 + first, w, None, 0, self.tile)
+
+    def _dual_chunk(self, acc, method: DualChunkConfig, q, k, v, scale, q0, q_pos, inv_freq, attention_factor) -> None:
+        m = k.shape[2]
+        s, size = method.chunk, method.chunk_size
+        k_pos = torch.arange(m, device=q.device, dtype=torch.float32)
+        k_rot = rotate(k, torch.remainder(k_pos, s), inv_freq, attention_factor)
+        within = torch.remainder(q_pos, s)
+        q_intra = rotate(q, within, inv_freq, attention_factor)
+        q_successive = rotate(q, torch.clamp(within + s, max=size), inv_freq, attention_factor)
+        q_older = rotate(q, torch.full_like(within, float(size)), inv_freq, attention_factor)
+        for a, b in kernels.chunk_tiles(q0, q.shape[2], s, self.tile):
+            p0 = q0 + a
+            start = (p0 // s) * s  # the tile's chunk
+            sub = _Shifted(acc, a)
+            span = slice(start, q0 + b)
+            kernels.region(sub, q_intra[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, self.tile)
+            if start >= s:
+                span = slice(start - s, start)
+                acc.add(a, b, *kernels.lse_attention(q_successive[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale))
+            if start >= 2 * s:
+                span = slice(0, start - s)
+                acc.add(a, b, *kernels.lse_attention(q_older[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale))
+
+
+class _Shifted:
+    """An accumulator view whose query index 0 is ``offset`` in the underlying one."""
+
+    def __init__(self, acc: kernels.Accumulator, offset: int) -> None:
+        self.acc, self.offset = acc, offset
+
+    def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+        self.acc.add(start + self.offset, stop + self.offset, out, lse)
+
+
+def rope_ext_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention function registered as ``"rope_ext"``: dispatches to the module's ``AttentionHook``."""
+    hook = getattr(module, HOOK_ATTR, None)
+    if hook is None:
+        raise RuntimeError(
+            f"{type(module).__name__} runs with attn_implementation='rope_ext' but was not patched by rope_ext; use "
+            "rope_ext.patch(model, ...) (or rope_ext.from_pretrained) rather than setting the implementation by hand"
+        )
+    out = hook(
+        module, query, key, value, attention_mask, scaling, dropout, kwargs.get("position_ids"), kwargs.get("sliding_window")
+    )
+    return out, None
+
+
+AttentionInterface.register(ATTENTION_KEY, rope_ext_attention)
+AttentionMaskInterface.register(ATTENTION_KEY, flash_attention_mask)
+
+
+def _sliding_window(module: nn.Module) -> int | None:
+    """The window a module's attention is limited to (what its forward passes as ``sliding_window``)."""
+    if "sliding_window" in vars(module):
+        return vars(module)["sliding_window"]
+    return getattr(getattr(module, "config", None), "sliding_window", None)
+
+
+@dataclass(eq=False)
+class AttentionSite(Site):
+    """A model's attention modules (with their layer types) and the configs that name their implementation."""
+
+    kind: ClassVar[str] = "attention"
+
+    family: str
+    modules: list[tuple[nn.Module, str | None]]
+    rotary: RotarySite
+
+    def replacement(self, builder: PlanBuilder) -> AttentionSetup:
+        return builder.replacement(self, lambda: (None, None, AttentionSetup.build(self, builder)))
+
+
+@dataclass(eq=False)
+class AttentionSetup:
+    """What the attention hooks of one plan share: the hooks of the layers a method applies to."""
+
+    hooks: list[AttentionHook] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, site: AttentionSite, builder: PlanBuilder) -> AttentionSetup:
+        rotary_site = site.rotary
+        rotary = rotary_site.replacement(builder)
+        chosen = rotary_site.layer_types(builder.option("layer_types"))
+        with_frequency = HOOK_FREQUENCY in builder.kinds
+        specs = {}
+        for layer_type in chosen:
+            params = rotary_site.params(layer_type)
+            rope_type = params.get("rope_type", "default")
+            if not with_frequency and rope_type in ("dynamic", "longrope"):
+                raise ValueError(
+                    f"{site.family}: this checkpoint's {rope_type!r} RoPE scaling depends on the sequence length; an "
+                    "attention method needs fixed frequencies: combine it with a frequency method and "
+                    "replace_scaling=True (e.g. ['yarn', 'dca'])"
+                )
+            specs[layer_type] = rotary_site.spec(layer_type, None, True)
+        rotary.set_identity(specs)
+        if not with_frequency:
+            rotary.set_base(rotary_site, specs)
+        setup = cls()
+        configs: dict[int, Any] = {}
+        for module, layer_type in site.modules:
+            if layer_type in specs or None in specs:
+                spec = specs[layer_type if layer_type in specs else None]
+                hook = AttentionHook(rotary, layer_type if layer_type in specs else None, spec.original_max_position_embeddings)
+                if _sliding_window(module) is None:
+                    setup.hooks.append(hook)
+            else:
+                hook = AttentionHook(None, layer_type, 0)  # rotated by the original module: plain attention
+            softcap = getattr(module.config, "attn_logit_softcapping", None)
+            if softcap is not None:
+                raise ValueError(
+                    f"{site.family}: this model caps attention logits (attn_logit_softcapping={softcap}), which rope_ext's "
+                    "attention does not implement; attention methods are refused for it"
+                )
+            builder.edit(module, HOOK_ATTR, hook)
+            configs[id(module.config)] = module.config
+        if not setup.hooks:
+            raise ValueError(
+                f"{site.family}: every layer of this model uses sliding-window attention; attention methods apply "
+                "to full-attention layers"
+            )
+        for config in configs.values():
+            builder.edit(config, "_attn_implementation_internal", ATTENTION_KEY)
+        return setup
+
+
+def attention_setup(builder: PlanBuilder, method: MethodConfig) -> AttentionSetup:
+    sites = builder.sites.get(AttentionSite.kind)
+    if len(sites) != 1:
+        raise ValueError(f"{method.method}: this model has {len(sites)} attention sites; rope_ext handles one")
+    return sites[0].replacement(builder)
+
+
+class AttentionInstaller(HookInstaller):
+    """Attention-rewrite methods: a remapped relative position in every full-attention layer."""
+
+    kind = HOOK_ATTENTION
+    site_kinds = frozenset({RotarySite.kind, AttentionSite.kind})
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        for hook in attention_setup(builder, method).hooks:
+            self.configure(hook, method)
+
+    def configure(self, hook: AttentionHook, method: MethodConfig) -> None:
+        assert isinstance(method, AttentionConfig)
+        hook.method = method.resolved(hook.original)
+
+
+class QueryScaleInstaller(AttentionInstaller):
+    """Query scaling (log-n): a per-position multiplier on the queries of every full-attention layer."""
+
+    kind = HOOK_QUERY_SCALE
+
+    def configure(self, hook: AttentionHook, method: MethodConfig) -> None:
+        assert isinstance(method, LogNConfig)
+        hook.query_scale = method
+
+
+register_hook(AttentionInstaller())
+register_hook(QueryScaleInstaller())
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention") and isinstance(getattr(module, "layer_idx", None), int)
+
+
+def attention_modules(model: nn.Module, config: Any) -> list[tuple[nn.Module, str | None]]:
+    """The attention modules of ``model`` with each one's layer type (``config.layer_types``, if any)."""
+    found = []
+    for module in model.modules():
+        if _is_attention(module):
+            layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
+            layer_type = layer_types[module.layer_idx] if layer_types else None
+            found.append((module, layer_type))
+    return found
+
+

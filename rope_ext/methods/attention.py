@@ -1,0 +1,296 @@
+"""Attention-rewrite methods: RoPE evaluated at a remapped relative position, and query scaling.
+
+These methods leave the rotary frequencies alone (a frequency method may supply them: ``["yarn", "dca"]``)
+and change which relative position ``rel' `` each query-key pair sees. Every mapping is, region by
+region, ``(query position) - (key position)``: within a window of recent keys plain RoPE, beyond it the
+query and the key rotated at remapped positions. ``rope_ext.attention`` evaluates the regions as exact
+attention calls merged through their log-sum-exp, so no ``n x n`` matrix is built; the mappings
+themselves are in ``rope_ext.methods.windows`` and the plain reference in ``rope_ext.attention.reference``.
+
+Options left at ``None`` are derived from the original context ``L`` when the method is installed
+(``resolved(L)``); the defaults follow each paper's reference code, scaled to ``L``.
+
+Pure math: imports torch, never transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from rope_ext.methods.base import MethodConfig, check_context_length, register_method
+from rope_ext.methods.windows import (
+    dca_positions,
+    leaky_rerope_positions,
+    rerope_positions,
+    self_extend_positions,
+    string_positions,
+)
+
+HOOK_ATTENTION = "attention"
+HOOK_QUERY_SCALE = "query_scale"
+
+
+def _check_int(method: str, name: str, value, low: int, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{method}: {name} must be an int >= {low}, got {value!r}")
+
+
+def _check_below(method: str, name: str, value: int, limit: int, what: str) -> None:
+    if value >= limit:
+        raise ValueError(f"{method}: {name}={value} must be below {what} ({limit}); valid: 1..{limit - 1}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig(MethodConfig):
+    """Base of the methods that rewrite attention (hook kind ``attention``)."""
+
+    hook: ClassVar[str] = HOOK_ATTENTION
+
+    def resolved(self, original: int) -> AttentionConfig:
+        """This config with the options left at ``None`` derived from ``L = original``, checked against it."""
+        return self
+
+    def relative(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """``rel'`` at query positions ``i`` and key positions ``j`` (broadcasting); the reference's input."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class WindowConfig(AttentionConfig):
+    """Plain RoPE for ``rel < window``; beyond it the query rotated at ``far_query(i)`` and the key at
+    ``far_key(j)`` (positions as float tensors)."""
+
+    #: keys whose far position is their own (the band's rotation serves both regions)
+    far_key_is_position: ClassVar[bool] = False
+    #: keys whose far position is 0 (unrotated, times the attention factor)
+    far_key_is_zero: ClassVar[bool] = False
+
+    @property
+    def window(self) -> int:
+        raise NotImplementedError
+
+    def far_query(self, i: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def far_key(self, j: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _WindowW(WindowConfig):
+    """A window ``w`` (default ``L / 4``, the ReRoPE README's w=1024 at L=4096) below which RoPE is plain."""
+
+    w: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int(self.method, "w", self.w, 1)
+
+    def resolved(self, original: int) -> _WindowW:
+        w = self.w if self.w is not None else max(1, original // 4)
+        _check_below(self.method, "w", w, original, "the original context L")
+        return dataclasses.replace(self, w=w)
+
+    @property
+    def window(self) -> int:
+        return self.w
+
+
+@register_method
+@dataclass(frozen=True)
+class ReRopeConfig(_WindowW):
+    """ReRoPE (Su 2023, bojone/rerope ``rerope_patch.py``): ``rel' = min(rel, w)``; default ``w = L / 4``."""
+
+    method: ClassVar[str] = "rerope"
+    far_key_is_zero: ClassVar[bool] = True
+
+    def far_query(self, i):
+        return torch.full_like(i, float(self.w))
+
+    def far_key(self, j):
+        return torch.zeros_like(j)
+
+    def relative(self, i, j):
+        return rerope_positions(i, j, self.w)
+
+
+@register_method
+@dataclass(frozen=True)
+class LeakyReRopeConfig(_WindowW):
+    """Leaky ReRoPE (bojone/rerope ``leaky_rerope_patch.py``): ``rel`` below ``w``, then ``w + (rel - w) / k``.
+
+    Defaults ``w = L / 4``, ``k = 16`` (the reference's slope).
+    """
+
+    method: ClassVar[str] = "leaky_rerope"
+
+    k: float = 16.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, float)) or not math.isfinite(self.k) or self.k < 1:
+            raise ValueError(f"{self.method}: k (the slope beyond the window) must be a finite number >= 1, got {self.k!r}")
+
+    def far_query(self, i):
+        return self.w * (1 - 1 / self.k) + i / self.k
+
+    def far_key(self, j):
+        return j / self.k
+
+    def relative(self, i, j):
+        return leaky_rerope_positions(i, j, self.w, self.k)
+
+
+@register_method
+@dataclass(frozen=True)
+class SelfExtendConfig(WindowConfig):
+    """Self-Extend (Jin et al. 2024, arXiv:2401.01325; datamllab/LongLM): neighbour attention below ``W``,
+    grouped attention ``(i // G + W - W // G) - j // G`` beyond.
+
+    Defaults ``W = L / 8``, ``G = 8``: grouped positions reach ``W + (n - W) / G``, which stays under the
+    paper's rule of about ``2L/3`` up to ``n`` of about ``4.5 L``.
+    """
+
+    method: ClassVar[str] = "self_extend"
+
+    W: int | None = None
+    G: int = 8
+
+    def __post_init__(self) -> None:
+        _check_int(self.method, "W", self.W, 1)
+        _check_int(self.method, "G", self.G, 1, allow_none=False)
+
+    def resolved(self, original: int) -> SelfExtendConfig:
+        W = self.W if self.W is not None else max(1, original // 8)
+        _check_below(self.method, "W", W, original, "the original context L")
+        return dataclasses.replace(self, W=W)
+
+    @property
+    def window(self) -> int:
+        return self.W
+
+    def far_query(self, i):
+        return torch.div(i, self.G, rounding_mode="floor") + (self.W - self.W // self.G)
+
+    def far_key(self, j):
+        return torch.div(j, self.G, rounding_mode="floor")
+
+    def relative(self, i, j):
+        return self_extend_positions(i, j, self.W, self.G)
+
+
+@register_method
+@dataclass(frozen=True)
+class StringConfig(WindowConfig):
+    """STRING (An et al. 2024, arXiv:2410.18745; HKUNLP/STRING): ``rel`` below the shift ``S``, then
+    ``rel - S + W`` (the rarely trained largest distances replaced by well-trained ones).
+
+    Defaults ``S = L / 3`` (the paper: 0.25-0.4 L), ``W = min(128, L / 16)`` (the paper: 128). ``rel'`` stays
+    below ``L`` while the sequence is shorter than ``L + S - W``: STRING is meant for the trained window,
+    or on top of a frequency method beyond it. The reference's extra ``cos/sin`` scaling is not applied.
+    """
+
+    method: ClassVar[str] = "string"
+    far_key_is_position: ClassVar[bool] = True
+
+    S: int | None = None
+    W: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int(self.method, "S", self.S, 1)
+        _check_int(self.method, "W", self.W, 1)
+        if self.S is not None and self.W is not None and self.W >= self.S:
+            raise ValueError(f"{self.method}: W={self.W} must be below S={self.S}; valid: 1..{self.S - 1}")
+
+    def resolved(self, original: int) -> StringConfig:
+        S = self.S if self.S is not None else max(2, original // 3)
+        _check_below(self.method, "S", S, original, "the original context L")
+        W = self.W if self.W is not None else max(1, min(128, original // 16, S - 1))
+        _check_below(self.method, "W", W, S, "the shift S")
+        return dataclasses.replace(self, S=S, W=W)
+
+    @property
+    def window(self) -> int:
+        return self.S
+
+    def far_query(self, i):
+        return i - (self.S - self.W)
+
+    def far_key(self, j):
+        return j
+
+    def relative(self, i, j):
+        return string_positions(i, j, self.S, self.W)
+
+
+@register_method
+@dataclass(frozen=True)
+class DualChunkConfig(AttentionConfig):
+    """Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; HKUNLP/ChunkLlama): keys at ``j mod s``
+    (``s = chunk_size - local_window``); a query at ``i mod s`` for its own chunk, at
+    ``min(i mod s + s, chunk_size)`` for the previous one, at ``chunk_size`` for older ones.
+
+    Defaults ``chunk_size = 3L/4``, ``local_window = L/8`` (the reference's). ``mscale`` multiplies the scores
+    of query ``i`` by ``(0.05 ln((i + 1) / L) + 1) ** 2`` beyond ``L``: the reference's ``0.05 ln(n/L) + 1`` on
+    both q and k, with ``n`` taken per query so that generation with the cache equals a full forward.
+    """
+
+    method: ClassVar[str] = "dca"
+
+    chunk_size: int | None = None
+    local_window: int | None = None
+    mscale: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int(self.method, "chunk_size", self.chunk_size, 2)
+        _check_int(self.method, "local_window", self.local_window, 1)
+        if not isinstance(self.mscale, bool):
+            raise ValueError(f"{self.method}: mscale must be True or False, got {self.mscale!r}")
+
+    def resolved(self, original: int) -> DualChunkConfig:
+        chunk_size = self.chunk_size if self.chunk_size is not None else max(2, 3 * original // 4)
+        if chunk_size > original:
+            raise ValueError(
+                f"{self.method}: chunk_size={chunk_size} exceeds the original context L={original}; valid: 2..{original}"
+            )
+        local = self.local_window if self.local_window is not None else max(1, original // 8)
+        _check_below(self.method, "local_window", local, chunk_size, "chunk_size")
+        return dataclasses.replace(self, chunk_size=chunk_size, local_window=local)
+
+    @property
+    def chunk(self) -> int:
+        return self.chunk_size - self.local_window
+
+    def query_scale(self, i: torch.Tensor, original: int) -> torch.Tensor | None:
+        if not self.mscale:
+            return None
+        return torch.clamp(0.05 * torch.log((i.to(torch.float64) + 1) / original) + 1, min=1.0) ** 2
+
+    def relative(self, i, j):
+        return dca_positions(i, j, self.chunk_size, self.local_window)
+
+
+@register_method
+@dataclass(frozen=True)
+class LogNConfig(MethodConfig):
+    """log-n attention scaling (Su 2021; in ReRoPE's patch): query ``i`` times ``max(1, ln(i + 1) / ln L)``,
+    keeping attention's entropy as the context grows. Its own hook kind, so it combines with any method."""
+
+    method: ClassVar[str] = "logn"
+    hook: ClassVar[str] = HOOK_QUERY_SCALE
+
+    #: ``L``; ``None`` means what the model's config says
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        check_context_length(self.method, self.original_max_position_embeddings)
+
+    def scale(self, i: torch.Tensor, original: int) -> torch.Tensor:
+        length = self.original_max_position_embeddings or original
+        return torch.clamp(torch.log(i.to(torch.float64) + 1) / math.log(length), min=1.0)

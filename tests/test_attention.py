@@ -1,0 +1,342 @@
+"""Attention-rewrite methods: identity settings, fast path == reference, padding, chunked prefill, the KV
+cache, combinations, isolation between models, save/reload and bad values (tiny models, L = 64)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_model
+
+import rope_ext
+from rope_ext.attention import kernels
+from rope_ext.attention.reference import reference_attention
+from rope_ext.hooks.attention import HOOK_ATTR, rotate
+from rope_ext.methods.windows import rerope_positions
+
+FAMILIES = ["llama", "qwen2", "gemma3", "gpt_neox", "phi3"]
+L = ORIGINAL_CONTEXT
+#: (method, options) with windows small enough that a 200-token input crosses every region
+METHODS = [
+    ("rerope", {}),
+    ("leaky_rerope", {"k": 4.0}),
+    ("self_extend", {"G": 4}),
+    ("string", {}),
+    ("dca", {}),
+    ("logn", {}),
+    ([{"method": "yarn", "factor": 4}, "dca"], None),
+    (["rerope", "logn"], None),
+    ([{"method": "dynamic_ntk", "factor": 4}, "self_extend"], None),
+]
+IDS = [m if isinstance(m, str) else "+".join(x if isinstance(x, str) else x["method"] for x in m) for m, _ in METHODS]
+
+
+def _patch(model, method, options):
+    return rope_ext.patch(model, method, **(options or {}))
+
+
+def _hooks(model):
+    return [getattr(m, HOOK_ATTR) for m in model.modules() if HOOK_ATTR in vars(m)]
+
+
+def _set(model, **values):
+    for hook in _hooks(model):
+        for name, value in values.items():
+            setattr(hook, name, value)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {family: tiny_model(family) for family in FAMILIES}
+
+
+# --- identity and defining properties -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    "method,options",
+    [("rerope", {"w": L - 1}), ("leaky_rerope", {"w": L - 1}), ("self_extend", {"W": L - 1}),
+     ("string", {"S": L - 1, "W": 8}), ("dca", {"chunk_size": L, "local_window": 1})],
+)
+def test_window_beyond_the_sequence_gives_the_unpatched_logits(models, family, method, options):
+    model = models[family]
+    ids = input_ids(L - 2, batch=2)
+    before = logits(model, ids)
+    with rope_ext.patched(model, method, **options):
+        during = logits(model, ids)
+    torch.testing.assert_close(during, before, rtol=0, atol=1e-5)
+    assert torch.equal(logits(model, ids), before)  # unpatch is bit-exact
+
+
+def test_rerope_scores_depend_only_on_min_distance_and_window():
+    """The fast path against full score matrices built from ``min(i - j, w)`` (written out here, not the
+    method's own mapping), over lengths around and beyond the window, tile sizes that split it, GQA."""
+    torch.manual_seed(0)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    for n, w, tile in [(40, 8, 16), (100, 33, 16), (130, 64, 512), (7, 20, 4)]:
+        q, k, v = torch.randn(1, 4, n, 16), torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16)
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+        rel = torch.minimum(i - j, torch.full_like(i - j, w))
+        expected = reference_attention(q, k, v, rel[None], inv_freq, allowed=(i >= j)[None], scaling=0.25)
+        hook = rope_ext.hooks.AttentionHook(None, None, 10**6, tile=tile)
+        hook.method = rope_ext.methods.ReRopeConfig(w=w)
+        acc = kernels.Accumulator(q, 16)
+        hook._window(acc, hook.method, q, k, v, 0.25, 0, torch.arange(n).float(), inv_freq, 1.0)
+        torch.testing.assert_close(acc.out, expected.float(), rtol=0, atol=2e-6)
+    assert torch.equal(rerope_positions(i, j, w), rel)
+
+
+def test_rotate_matches_transformers():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    x = torch.randn(2, 3, 10, 8)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    positions = torch.arange(10).float()
+    freqs = positions[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), -1)
+    expected, _ = apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
+    assert torch.equal(rotate(x, positions, inv_freq, 1.0), expected)
+
+
+# --- the fast path against the reference, in whole models --------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method,options", METHODS, ids=IDS)
+def test_fast_path_matches_reference(models, family, method, options):
+    model = models[family]
+    ids = input_ids(3 * L + 7, batch=2)
+    with rope_ext.patched(model, method, **(options or {})):
+        _set(model, tile=16)  # several tiles per region
+        fast = logits(model, ids)
+        _set(model, path="reference")
+        reference = logits(model, ids)
+        unpatched_like = fast
+    torch.testing.assert_close(fast, reference, rtol=0, atol=2e-5)
+    assert (unpatched_like - logits(model, ids)).abs().max() > 1e-4  # the method changed something
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox"])
+@pytest.mark.parametrize("method,options", METHODS[:6], ids=IDS[:6])
+def test_left_padded_batch_equals_each_row_alone(models, family, method, options):
+    model = models[family]
+    long, short = input_ids(2 * L + 10, seed=3), input_ids(L + 5, seed=4)
+    pad = long.shape[1] - short.shape[1]
+    ids = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    with rope_ext.patched(model, method, **(options or {})):
+        _set(model, tile=16)
+        batch = logits(model, ids, attention_mask=mask)
+        alone = [logits(model, long), logits(model, short)]
+    torch.testing.assert_close(batch[0], alone[0][0], rtol=0, atol=2e-5)
+    torch.testing.assert_close(batch[1, pad:], alone[1][0], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "phi3"])
+@pytest.mark.parametrize("method,options", METHODS[:-1], ids=IDS[:-1])
+def test_chunked_prefill_and_decode_equal_the_full_forward(models, family, method, options):
+    from transformers import DynamicCache
+
+    model = models[family]
+    ids = input_ids(2 * L + 40)
+    with rope_ext.patched(model, method, **(options or {})):
+        _set(model, tile=16)
+        full = logits(model, ids)
+        cache = DynamicCache(config=model.config)
+        pieces, start = [], 0
+        for stop in (50, 90, 91, 150, ids.shape[1]):  # chunks of 50, 40, one token, 59, the rest
+            with torch.no_grad():
+                out = model(input_ids=ids[:, start:stop], past_key_values=cache, use_cache=True)
+            pieces.append(out.logits)
+            start = stop
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("method,options", METHODS[:6], ids=IDS[:6])
+def test_greedy_generate_with_cache_equals_full_forward(models, method, options):
+    model = models["llama"]
+    prompt = input_ids(L + 30)
+    with rope_ext.patched(model, method, **(options or {})):
+        out = model.generate(prompt, max_new_tokens=50, min_new_tokens=50, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                             pad_token_id=0)
+        full = logits(model, out.sequences)
+    steps = torch.stack(out.logits, 1)  # [1, 50, vocab]
+    torch.testing.assert_close(steps, full[:, prompt.shape[1] - 1 : -1], rtol=0, atol=5e-5)
+    assert out.sequences.shape[1] == prompt.shape[1] + 50
+
+
+def test_cache_consistent_dynamic_ntk_equals_the_full_forward_in_one_layer():
+    """With one layer, the cache-consistent mode makes every cached step exactly a full forward (all keys
+    rotated with the current length's frequencies); natively the cached keys keep their old rotation."""
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    ids = input_ids(2 * L + 20)
+
+    def stepwise():
+        cache, outs = DynamicCache(config=model.config), []
+        with torch.no_grad():
+            outs.append(model(input_ids=ids[:, :L], past_key_values=cache).logits[:, -1])
+            for t in range(L, ids.shape[1]):
+                outs.append(model(input_ids=ids[:, t : t + 1], past_key_values=cache).logits[:, -1])
+        return torch.stack(outs, 1)
+
+    def prefix_forwards():
+        return torch.stack([logits(model, ids[:, : t + 1])[:, -1] for t in range(L - 1, ids.shape[1])], 1)
+
+    with rope_ext.patched(model, "dynamic_ntk", factor=4, cache_consistent=True):
+        torch.testing.assert_close(stepwise(), prefix_forwards(), rtol=0, atol=2e-5)
+    with rope_ext.patched(model, "dynamic_ntk", factor=4):
+        assert (stepwise() - prefix_forwards()).abs().max() > 1e-3  # the inconsistency the mode removes
+
+
+# --- patch mechanics ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_unpatch_restores_attention_implementation_and_logits_bit_exactly(attn):
+    model = tiny_model("llama", attn=attn)
+    ids = input_ids(3 * L)
+    before = logits(model, ids)
+    state = copy.deepcopy(model.state_dict())
+    rope_ext.patch(model, [{"method": "yarn", "factor": 4}, "dca", "logn"])
+    assert model.config._attn_implementation == "rope_ext"
+    assert set(model.state_dict()) == set(state)  # hooks are not submodules or buffers
+    rope_ext.unpatch(model)
+    assert model.config._attn_implementation == attn
+    assert not _hooks(model)
+    assert torch.equal(logits(model, ids), before)
+
+
+def test_two_models_patched_differently_do_not_interfere():
+    a, b, c = tiny_model("llama"), tiny_model("llama"), tiny_model("llama")
+    ids = input_ids(3 * L)
+    rope_ext.patch(a, "rerope")
+    rope_ext.patch(b, "self_extend")
+    ra, rb, rc = logits(a, ids), logits(b, ids), logits(c, ids)
+    with rope_ext.patched(c, "rerope"):
+        assert torch.equal(logits(c, ids), ra)
+    assert not torch.allclose(ra, rb) and not torch.allclose(ra, rc)
+    assert torch.equal(logits(b, ids), rb) and torch.equal(logits(c, ids), rc)
+
+
+def test_save_and_reload_restore_a_combination(tmp_path):
+    model = tiny_model("qwen2")
+    ids = input_ids(3 * L)
+    rope_ext.patch(model, [{"method": "yarn", "factor": 4}, {"method": "dca", "local_window": 4}])
+    expected = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    reloaded = rope_ext.from_pretrained(tmp_path, dtype=torch.float32)
+    methods = rope_ext.get_patch(reloaded)
+    assert [m.method for m in methods] == ["yarn", "dca"] and methods[1].local_window == 4
+    torch.testing.assert_close(logits(reloaded, ids), expected, rtol=0, atol=1e-5)
+    rope_ext.unpatch(reloaded)
+    assert reloaded.config._attn_implementation != "rope_ext"
+
+
+def test_peft_wrapped_model_and_bf16_cast():
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_model("llama")
+    ids = input_ids(2 * L)
+    rope_ext.patch(model, "rerope")
+    expected = logits(model, ids)
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    torch.testing.assert_close(wrapped(input_ids=ids).logits.detach(), expected, rtol=0, atol=1e-5)
+    wrapped.to(torch.bfloat16)
+    out = wrapped(input_ids=ids).logits.detach().float()
+    assert torch.isfinite(out).all() and (out - expected).abs().mean() < 0.1
+    rope_ext.unpatch(wrapped)
+
+
+def test_gradients_flow_through_the_patched_attention():
+    model = tiny_model("llama")
+    model.train()
+    rope_ext.patch(model, "self_extend", G=4)
+    ids = input_ids(2 * L)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert math.isfinite(loss.item()) and model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_gemma3_sliding_layers_are_left_alone_by_default():
+    model = tiny_model("gemma3")
+    rope_ext.patch(model, "rerope")
+    by_type = {hook.layer_type: hook for hook in _hooks(model)}
+    assert by_type["full_attention"].method.method == "rerope" and by_type["full_attention"].rotary is not None
+    assert by_type["sliding_attention"].method is None and by_type["sliding_attention"].rotary is None
+    rope_ext.unpatch(model)
+
+
+# --- bad values ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method,options,message",
+    [
+        ("rerope", {"w": 0}, "w must be an int >= 1"),
+        ("rerope", {"w": L}, "valid: 1..63"),
+        ("leaky_rerope", {"k": 0.5}, "k .* >= 1"),
+        ("self_extend", {"G": 0}, "G must be an int >= 1"),
+        ("self_extend", {"W": 100}, "below the original context"),
+        ("string", {"S": 10, "W": 20}, "W=20 must be below S=10"),
+        ("dca", {"chunk_size": 100}, "exceeds the original context"),
+        ("dca", {"local_window": 48}, "local_window=48 must be below chunk_size"),
+        ("dca", {"mscale": "yes"}, "mscale must be True or False"),
+        ("dynamic_ntk", {"factor": 2, "cache_consistent": 1}, "cache_consistent must be True or False"),
+        ("rerope", {"window": 8}, "unknown option"),
+    ],
+)
+def test_bad_values_raise_with_the_valid_range(method, options, message):
+    model = tiny_model("llama")
+    ids = input_ids(10)
+    before = logits(model, ids)
+    with pytest.raises(ValueError, match=message):
+        rope_ext.patch(model, method, **options)
+    assert rope_ext.get_patch(model) is None and model.config._attn_implementation == "sdpa"
+    assert torch.equal(logits(model, ids), before)
+
+
+def test_two_attention_methods_are_refused_but_logn_combines():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="both 'attention' methods"):
+        rope_ext.patch(model, ["rerope", "dca"])
+    rope_ext.patch(model, ["dca", "logn", {"method": "yarn", "factor": 2}])
+    assert [m.method for m in rope_ext.get_patch(model)] == ["dca", "logn", "yarn"]
+    rope_ext.unpatch(model)
+
+
+def test_all_sliding_model_is_refused():
+    model = tiny_model("mistral")
+    model.config.sliding_window = 16
+    with pytest.raises(ValueError, match="sliding-window"):
+        rope_ext.patch(model, "rerope")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_static_cache_and_softcapping_are_refused_clearly():
+    model = tiny_model("llama")
+    rope_ext.patch(model, "rerope")
+    with pytest.raises(ValueError, match="static .*cache"):
+        model.generate(input_ids(100), max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
+    ids = input_ids(20)
+    with pytest.raises(ValueError, match="custom position_ids"):
+        model(input_ids=ids, position_ids=torch.cat([torch.arange(10), torch.arange(10)])[None])
+    rope_ext.unpatch(model)
+    gemma2 = tiny_model("gemma2")
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        rope_ext.patch(gemma2, "rerope")
+    assert rope_ext.get_patch(gemma2) is None
+
+
+def test_patched_tolerates_a_body_that_unpatches():
+    model = tiny_model("llama")
+    with rope_ext.patched(model, "dca"):
+        rope_ext.unpatch(model)
+    assert rope_ext.get_patch(model) is None
