@@ -120,12 +120,14 @@ class AttentionHook:
             length_ids = position_ids if position_ids is not None else torch.full((1, 1), m - 1, device=query.device)
             frequencies = self.rotary.frequencies(length_ids, self.layer_type, query.device)
         rows = None if attention_mask is None else attention_mask.to(torch.bool)
-        if rows is not None and n < m and not bool(rows[:, -1].all()):
+        if rows is not None and self.rotary is not None and n < m and not bool(rows[:, -1].all()):
             raise ValueError(
                 "rope_ext attention got a padding mask whose last key is masked: a static (preallocated) cache is "
                 "not supported; use the default dynamic cache"
             )
-        if rows is None and position_ids is not None and bool((position_ids[:, -1] != m - 1).any()):
+        # (layers left alone see relative distances only, and a sliding cache keeps just the last keys)
+        positional = self.rotary is not None and position_ids is not None
+        if rows is None and positional and bool((position_ids[:, -1] != m - 1).any()):
             raise ValueError(
                 f"rope_ext attention takes positions from the keys ({m} of them, the last at {m - 1}), but position_ids "
                 f"end at {position_ids[:, -1].tolist()}: a static (preallocated) cache and custom position_ids (packed "
