@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+from transformers.models.llama.modeling_llama import rotate_half
 
 from rope_ext.attention import kernels
 from rope_ext.attention.reference import method_reference, two_matrix_attention
@@ -49,11 +50,6 @@ ATTENTION_KEY = "rope_ext"
 HOOK_ATTR = "_rope_ext_attention"
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor) -> torch.Tensor:
     """``x [b, h, n, d]`` rotated at ``positions [n]`` as transformers' ``apply_rotary_pos_emb`` does (cos/sin in
     float32, cast to ``x``'s dtype; dims past the rotary dimension pass unchanged)."""
@@ -61,7 +57,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, att
     cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]  # [1, 1, n, r]
     rotary = cos.shape[-1]
     x_rot, x_pass = x[..., :rotary], x[..., rotary:]
-    rotated = x_rot * cos + _rotate_half(x_rot) * sin
+    rotated = x_rot * cos + rotate_half(x_rot) * sin
     return torch.cat((rotated, x_pass), dim=-1) if x_pass.shape[-1] else rotated
 
 
@@ -348,8 +344,8 @@ class AttentionSetup:
         configs: dict[int, Any] = {}
         for module, layer_type in site.modules:
             if layer_type in specs or None in specs:
-                spec = specs[layer_type if layer_type in specs else None]
-                hook = AttentionHook(rotary, layer_type if layer_type in specs else None, spec.original_max_position_embeddings)
+                key = layer_type if layer_type in specs else None  # one rotary embedding serves every layer
+                hook = AttentionHook(rotary, key, specs[key].original_max_position_embeddings)
                 if _sliding_window(module) is None:
                     setup.hooks.append(hook)
             else:

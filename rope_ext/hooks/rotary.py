@@ -76,12 +76,13 @@ class RopeExtRotaryEmbedding(RopeExtModule):
                     self.register_buffer(_buffer_name(layer_type, name), tensor, persistent=False)
                 self.constant_names[layer_type] = list(constants)
                 continue
-            inv_freq, attention_factor = method.frequencies(spec, None, device=device)
-            # kept in the dtype the original keeps its own (a model cast to bf16 holds a bf16 inv_freq), so
-            # casting before or after patching gives the same model, as it does for transformers' own scaling
-            inv_freq = inv_freq.to(dtype)
-            self.register_buffer(_buffer_name(layer_type), inv_freq, persistent=False)  # [d/2]
-            self.attention_scaling[layer_type] = attention_factor
+            self._keep_static(layer_type, *method.frequencies(spec, None, device=device), dtype)
+
+    def _keep_static(self, layer_type: str | None, inv_freq: torch.Tensor, attention_factor: float, dtype) -> None:
+        # kept in the dtype the original keeps its own (a model cast to bf16 holds a bf16 inv_freq), so
+        # casting before or after patching gives the same model, as it does for transformers' own scaling
+        self.register_buffer(_buffer_name(layer_type), inv_freq.to(dtype), persistent=False)  # [d/2]
+        self.attention_scaling[layer_type] = attention_factor
 
     def set_identity(self, specs: dict[str | None, RotarySpec]) -> None:
         """Return ``(ones, zeros)`` for these layer types: queries and keys reach attention unrotated (an
@@ -95,9 +96,7 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         attention hook, when no frequency method supplies new ones."""
         device, dtype = _frequency_placement(self.original)
         for layer_type, spec in specs.items():
-            inv_freq, attention_factor = site._expected_inv_freq(layer_type, site.params(layer_type), spec, device)
-            self.register_buffer(_buffer_name(layer_type), inv_freq.to(dtype), persistent=False)
-            self.attention_scaling[layer_type] = attention_factor
+            self._keep_static(layer_type, *site._expected_inv_freq(layer_type, site.params(layer_type), spec, device), dtype)
 
     def frequencies(
         self, position_ids: torch.Tensor, layer_type: str | None, device: torch.device

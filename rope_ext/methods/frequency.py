@@ -250,27 +250,30 @@ class NTKConfig(FrequencyConfig):
         return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
 
 
-def _check_consistent(config: FrequencyConfig) -> None:
-    """``cache_consistent=True``: keys are cached unrotated and every step rotates all of them with the current
+@dataclass(frozen=True)
+class _DynamicConfig(FrequencyConfig):
+    """Base of the methods whose frequencies follow the current length.
+
+    ``cache_consistent=True``: keys are cached unrotated and every step rotates all of them with the current
     length's frequencies (through the attention hook), so a cached step sees the rotation a full forward of
     the same tokens would (transformers #25104: natively, keys keep the rotation of the step that cached
-    them). Hidden states of earlier tokens in deeper layers still come from the step that computed them."""
-    if not isinstance(config.cache_consistent, bool):
-        raise ValueError(f"{config.method}: cache_consistent must be True or False, got {config.cache_consistent!r}")
+    them). Hidden states of earlier tokens in deeper layers still come from the step that computed them.
+    """
 
-
-@register_method
-@dataclass(frozen=True)
-class DynamicNTKConfig(FrequencyConfig):
-    method: ClassVar[str] = "dynamic_ntk"
     dynamic: ClassVar[bool] = True
 
-    #: rotate cached keys at attention time with the current length's frequencies (see ``_check_consistent``)
     cache_consistent: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_consistent(self)
+        if not isinstance(self.cache_consistent, bool):
+            raise ValueError(f"{self.method}: cache_consistent must be True or False, got {self.cache_consistent!r}")
+
+
+@register_method
+@dataclass(frozen=True)
+class DynamicNTKConfig(_DynamicConfig):
+    method: ClassVar[str] = "dynamic_ntk"
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)
@@ -384,18 +387,10 @@ class YarnConfig(_ByPartsConfig):
 
 @register_method
 @dataclass(frozen=True)
-class DynamicYarnConfig(_ByPartsConfig):
+class DynamicYarnConfig(_ByPartsConfig, _DynamicConfig):
     """YaRN whose scale follows the sequence length: ``s' = max(1, s*l/L - (s - 1))``."""
 
     method: ClassVar[str] = "dynamic_yarn"
-    dynamic: ClassVar[bool] = True
-
-    #: rotate cached keys at attention time with the current length's frequencies (see ``_check_consistent``)
-    cache_consistent: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_consistent(self)
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)
