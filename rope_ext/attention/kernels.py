@@ -1,14 +1,22 @@
 """The fast path: exact attention over position regions, merged through the log-sum-exp, never ``n x n``.
 
 A region is a set of (query, key) pairs whose scores use one rotation of the queries and one of the keys.
-Queries are taken in tiles; for each tile a region covers a contiguous range of keys, split into a core
-that every query of the tile sees (one unmasked call) and edges where a small ``tile x tile`` mask
-decides. Each call returns its output and log-sum-exp; ``Accumulator`` merges them:
+Each is covered by a few exact attention calls that the flash kernel runs at full speed:
+
+* a lower region (``j <= i - near``: everything at least ``near`` behind) is one unmasked call over the keys
+  every query sees plus one *causal* square call -- no tiles;
+* a band (``i - far <= j <= i - near``) is walked in query tiles of ``t <= far - near`` queries; each tile is
+  a causal square (its nearest ``t`` keys), an unmasked core, and an *anti-causal* square (its farthest
+  ``t`` keys: the causal call on sequences read backwards);
+* pieces clipped by the ends of the key range fall back to a small explicit mask.
+
+Each call returns its output and log-sum-exp; ``Accumulator`` merges them:
 ``out = sum_r exp(lse_r - lse) out_r`` with ``lse = logsumexp_r lse_r``, exactly the softmax over the union.
 
 Calls go to ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` on CPU (it returns the LSE,
-takes GQA key/value heads as they are and a float mask), and to a plain matmul-softmax on other devices
-or when gradients are needed (the flash op has no derivative for its LSE); both are exact.
+takes GQA key/value heads as they are, skips the blocks a causal call never needs), and to a plain
+matmul-softmax over query tiles on other devices or when gradients are needed (the flash op has no
+derivative for its LSE); both are exact.
 
 Positions here are per row and contiguous: keys at ``0..m-1``, queries at ``q0..q0+n-1`` (the last ``n``
 keys). The attention hook compacts padded rows to this form first.
@@ -18,8 +26,10 @@ from __future__ import annotations
 
 import torch
 
-#: queries per tile: a tile's edge mask is ``TILE x TILE``
-TILE = 512
+#: queries per band tile (at most); the flash kernel works in 256-query blocks from 768 queries on
+TILE = 1024
+#: queries per matmul of the fallback path (its score block is ``FALLBACK_TILE x keys``)
+FALLBACK_TILE = 512
 
 
 def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -28,29 +38,29 @@ def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def lse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q [b, h, n, d]`` over ``k, v [b, hk, m, d]`` (``h`` a multiple of ``hk``) with an
-    optional ``allowed [n, m]`` bool mask -> ``(out [b, h, n, d] float32, lse [b, h, n] float32)``; a query
-    with no allowed key gets ``out = 0``, ``lse = -inf``."""
+    optional ``allowed [n, m]`` bool mask, or ``causal`` (query ``a`` sees keys ``0..a``, ``n <= m``) ->
+    ``(out [b, h, n, d] float32, lse [b, h, n] float32)``; a query with no allowed key gets ``out = 0``,
+    ``lse = -inf``."""
+    if causal and allowed is not None:
+        raise ValueError("lse_attention: pass either causal or an allowed mask")
     if _use_flash(q, k):
         mask = None
         if allowed is not None:
             mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p=0.0, is_causal=False, attn_mask=mask, scale=scale
+            q, k, v, dropout_p=0.0, is_causal=causal, attn_mask=mask, scale=scale
         )
         out = out.float()
     else:
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # [b, h, n, m]: one tile's keys only
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)
-        weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-        out = weights @ v.float()
+        out, lse = _matmul_attention(q, k, v, scale, allowed, causal)
     if allowed is not None:
         empty = ~allowed.any(-1)  # [n]
         if bool(empty.any()):
@@ -59,21 +69,39 @@ def lse_attention(
     return out, lse
 
 
+def _matmul_attention(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same, as float32 matmuls over query tiles (differentiable, any device)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    k, v = k.float(), v.float()
+    n = q.shape[2]
+    outs, lses = [], []
+    for a in range(0, n, FALLBACK_TILE):
+        b = min(n, a + FALLBACK_TILE)
+        keys = b if causal else k.shape[2]  # a causal tile never needs later keys
+        scores = (q[:, :, a:b].float() @ k[:, :, :keys].transpose(-1, -2)) * scale  # [b, h, tile, keys]
+        if causal:
+            i, j = torch.arange(a, b, device=q.device)[:, None], torch.arange(keys, device=q.device)[None]
+            scores = scores.masked_fill(j > i, float("-inf"))
+        elif allowed is not None:
+            scores = scores.masked_fill(~allowed[a:b], float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+        outs.append(weights @ v[:, :, :keys])
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+def _flipped(q, k, v, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anti-causal square attention (query ``a`` sees keys ``a..n-1``): the causal call read backwards."""
+    out, lse = lse_attention(q.flip(2), k.flip(2), v.flip(2), scale, causal=True)
+    return out.flip(2), lse.flip(-1)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Square causal attention (``n == m``) in one call."""
-    if _use_flash(q, k):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p=0.0, is_causal=True, scale=scale
-        )
-        return out.float(), lse
-    n = q.shape[2]
-    allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
-    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    for a in range(0, n, TILE):
-        b = min(n, a + TILE)
-        out[:, :, a:b], lse[:, :, a:b] = lse_attention(q[:, :, a:b], k[:, :, :b], v[:, :, :b], scale, allowed[a:b, :b])
-    return out, lse
+    return lse_attention(q, k, v, scale, causal=True)
 
 
 class Accumulator:
@@ -108,48 +136,87 @@ def region(
     far: int | None,
     key_offset: int = 0,
     tile: int = TILE,
+    out_offset: int = 0,
 ) -> None:
     """Add the pairs ``i - far <= j <= i - near`` (``far=None``: no lower bound) to ``acc``.
 
-    ``q [b, h, n, d]`` holds queries at positions ``q0..q0+n-1``; ``k, v [b, hk, *, d]`` hold keys at
-    positions ``key_offset..`` (a region that never reaches early keys gets only the keys it needs).
+    ``q [b, h, n, d]`` holds queries at positions ``q0..q0+n-1`` (rows ``out_offset..`` of ``acc``);
+    ``k, v [b, hk, *, d]`` hold keys at positions ``key_offset..`` (a region that never reaches early keys
+    gets only the keys it needs).
     """
-    n = q.shape[2]
-    last_key = key_offset + k.shape[2] - 1
-    for a in range(0, n, tile):
-        b = min(n, a + tile)
-        p0, p1 = q0 + a, q0 + b - 1  # first and last query position of the tile
-        lo = key_offset if far is None else max(key_offset, p0 - far)
-        hi = min(last_key, p1 - near)
-        if hi < lo:
-            continue
-        lo_core = key_offset if far is None else max(key_offset, p1 - far)
-        hi_core = min(last_key, p0 - near)
-        if hi_core - lo_core + 1 >= tile:  # a core worth an unmasked call, then the two edges
-            pieces = [(lo_core, hi_core, False), (lo, lo_core - 1, True), (hi_core + 1, hi, True)]
-        else:
-            pieces = [(lo, hi, True)]
-        qt = q[:, :, a:b]
-        positions = torch.arange(p0, p1 + 1, device=q.device)[:, None]
-        for start, stop, masked in pieces:
-            if stop < start:
+    pieces = _Pieces(acc, q, k, v, scale, q0, near, far, key_offset, out_offset)
+    if far is None:
+        pieces.lower()
+    elif far - near < 1:
+        pieces.masked_tiles(tile)
+    else:
+        pieces.band(min(tile, far - near))
+
+
+class _Pieces:
+    """One region's calls (see ``region``): the key range, the pair rule, where results go."""
+
+    def __init__(self, acc, q, k, v, scale, q0, near, far, key_offset, out_offset) -> None:
+        self.acc, self.q, self.k, self.v, self.scale = acc, q, k, v, scale
+        self.q0, self.near, self.far, self.key_offset, self.out_offset = q0, near, far, key_offset, out_offset
+        self.n, self.last_key = q.shape[2], key_offset + k.shape[2] - 1
+
+    def call(self, a: int, b: int, lo: int, hi: int, kind: str) -> None:
+        """Queries ``a..b-1`` (indices) against keys at positions ``lo..hi``: ``"all"`` (every pair allowed),
+        ``"causal"`` / ``"anticausal"`` (a square whose pair rule is the diagonal) or ``"masked"``."""
+        lo, hi = max(lo, self.key_offset), min(hi, self.last_key)
+        if hi < lo or b <= a:
+            return
+        qt = self.q[:, :, a:b]
+        ks = self.k[:, :, lo - self.key_offset : hi + 1 - self.key_offset]
+        vs = self.v[:, :, lo - self.key_offset : hi + 1 - self.key_offset]
+        if kind == "all":
+            result = lse_attention(qt, ks, vs, self.scale)
+        elif kind == "causal" and hi - lo + 1 == b - a:
+            result = lse_attention(qt, ks, vs, self.scale, causal=True)
+        elif kind == "anticausal" and hi - lo + 1 == b - a:
+            result = _flipped(qt, ks, vs, self.scale)
+        else:  # clipped by the key range, or asked for: the pair rule as an explicit mask
+            i = torch.arange(self.q0 + a, self.q0 + b, device=self.q.device)[:, None]
+            j = torch.arange(lo, hi + 1, device=self.q.device)[None]
+            allowed = j <= i - self.near
+            if self.far is not None:
+                allowed &= j >= i - self.far
+            if not bool(allowed.any()):
+                return
+            result = lse_attention(qt, ks, vs, self.scale, allowed)
+        self.acc.add(a + self.out_offset, b + self.out_offset, *result)
+
+    def lower(self) -> None:
+        """``key_offset <= j <= i - near``: query ``a`` sees ``a + d + 1`` keys, ``d = q0 - near - key_offset``."""
+        d = self.q0 - self.near - self.key_offset
+        first = max(0, -d)  # queries before this one see no key
+        d += first
+        if self.n - first == 1:  # one query (decode): one call
+            self.call(first, self.n, self.key_offset, self.key_offset + d, "all")
+            return
+        # keys every query (from `first` on) sees, then a causal square over the next ones
+        self.call(first, self.n, self.key_offset, self.key_offset + d - 1, "all")
+        self.call(first, self.n, self.key_offset + d, self.key_offset + d + self.n - first - 1, "causal")
+
+    def band(self, t: int) -> None:
+        """Tiles of ``t <= far - near`` queries: the ``t`` nearest keys (causal square), a core every query of
+        the tile sees, the ``t`` farthest keys (anti-causal square)."""
+        for a in range(0, self.n, t):
+            b = min(self.n, a + t)
+            p0, p1 = self.q0 + a, self.q0 + b - 1
+            if p1 - self.near < self.key_offset or p0 - self.far > self.last_key:
                 continue
-            allowed = None
-            if masked:
-                j = torch.arange(start, stop + 1, device=q.device)[None]
-                allowed = j <= positions - near
-                if far is not None:
-                    allowed &= j >= positions - far
-            ks, vs = k[:, :, start - key_offset : stop + 1 - key_offset], v[:, :, start - key_offset : stop + 1 - key_offset]
-            acc.add(a, b, *lse_attention(qt, ks, vs, scale, allowed))
+            size = b - a
+            if size == 1:  # one query (decode): one call
+                self.call(a, b, p0 - self.far, p0 - self.near, "all")
+                continue
+            self.call(a, b, p0 - self.far, p0 - self.far + size - 1, "anticausal")
+            self.call(a, b, p0 - self.far + size, p0 - self.near - 1, "all")
+            self.call(a, b, p0 - self.near, p1 - self.near, "causal")
 
-
-def chunk_tiles(q0: int, n: int, chunk: int, tile: int = TILE):
-    """Query tiles ``(a, b)`` (indices into ``n`` queries at positions ``q0..``) that never cross a chunk."""
-    a = 0
-    while a < n:
-        p = q0 + a
-        end_of_chunk = (p // chunk + 1) * chunk
-        b = min(n, a + tile, end_of_chunk - q0)
-        yield a, b
-        a = b
+    def masked_tiles(self, t: int) -> None:
+        for a in range(0, self.n, t):
+            b = min(self.n, a + t)
+            p0, p1 = self.q0 + a, self.q0 + b - 1
+            self.call(a, b, p0 - self.far, p1 - self.near, "masked")

@@ -61,6 +61,17 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, att
     return torch.cat((rotated, x_pass), dim=-1) if x_pass.shape[-1] else rotated
 
 
+def rotate_at_zero(x: torch.Tensor, inv_freq: torch.Tensor, attention_factor) -> torch.Tensor:
+    """``rotate(x, zeros, ...)`` without the rotation (``cos = attention_factor``, ``sin = 0``): ``x`` itself when
+    the factor is 1, else its rotary dims times the factor (as ``rotate`` rounds it)."""
+    factor = torch.ones((), dtype=torch.float32) * attention_factor  # cos(0) * factor in float32, as rope_cos_sin
+    if bool((factor == 1).all()):
+        return x
+    rotary = 2 * inv_freq.shape[-1]
+    rotated = x[..., :rotary] * factor.to(device=x.device, dtype=x.dtype)
+    return torch.cat((rotated, x[..., rotary:]), dim=-1) if x.shape[-1] > rotary else rotated
+
+
 @dataclass(eq=False)
 class AttentionHook:
     """One attention module's settings, read by the registered attention function on every call."""
@@ -225,13 +236,12 @@ class AttentionHook:
         if k_std is not None:
             k_far = k_std[:, :, :far_keys]
         elif method.far_key_is_zero:
-            k_far = rotate(k[:, :, :far_keys], k_pos.new_zeros(far_keys), inv_freq, attention_factor)
+            k_far = rotate_at_zero(k[:, :, :far_keys], inv_freq, attention_factor)
         else:
             k_far = rotate(k[:, :, :far_keys], method.far_key(k_pos[:far_keys]), inv_freq, attention_factor)
         first = max(0, w - q0)  # queries before position w have no far keys
         q_far = rotate(q[:, :, first:], method.far_query(q_pos[first:]), inv_freq, attention_factor)
-        sub = _Shifted(acc, first)
-        kernels.region(sub, q_far, k_far, v[:, :, :far_keys], scale, q0 + first, w, None, 0, self.tile)
+        kernels.region(acc, q_far, k_far, v[:, :, :far_keys], scale, q0 + first, w, None, out_offset=first)
 
     def _dual_chunk(self, acc, method: DualChunkConfig, q, k, v, scale, q0, q_pos, inv_freq, attention_factor) -> None:
         m = k.shape[2]
@@ -242,28 +252,20 @@ class AttentionHook:
         q_intra = rotate(q, within, inv_freq, attention_factor)
         q_successive = rotate(q, torch.clamp(within + s, max=size), inv_freq, attention_factor)
         q_older = rotate(q, torch.full_like(within, float(size)), inv_freq, attention_factor)
-        for a, b in kernels.chunk_tiles(q0, q.shape[2], s, self.tile):
+        a = 0
+        while a < q.shape[2]:  # the queries of one chunk at a time
             p0 = q0 + a
-            start = (p0 // s) * s  # the tile's chunk
-            sub = _Shifted(acc, a)
+            start = (p0 // s) * s  # their chunk
+            b = min(q.shape[2], start + s - q0)
             span = slice(start, q0 + b)
-            kernels.region(sub, q_intra[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, self.tile)
+            kernels.region(acc, q_intra[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, out_offset=a)
             if start >= s:
                 span = slice(start - s, start)
                 acc.add(a, b, *kernels.lse_attention(q_successive[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale))
             if start >= 2 * s:
                 span = slice(0, start - s)
                 acc.add(a, b, *kernels.lse_attention(q_older[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale))
-
-
-class _Shifted:
-    """An accumulator view whose query index 0 is ``offset`` in the underlying one."""
-
-    def __init__(self, acc: kernels.Accumulator, offset: int) -> None:
-        self.acc, self.offset = acc, offset
-
-    def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
-        self.acc.add(start + self.offset, stop + self.offset, out, lse)
+            a = b
 
 
 def rope_ext_attention(
