@@ -13,7 +13,7 @@ from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_model
 import rope_ext
 from rope_ext.attention import kernels
 from rope_ext.attention.reference import reference_attention
-from rope_ext.hooks.attention import HOOK_ATTR, rotate
+from rope_ext.hooks.attention import HOOK_ATTR, rotate, rotate_at_zero
 from rope_ext.methods.windows import rerope_positions
 
 FAMILIES = ["llama", "qwen2", "gemma3", "gpt_neox", "phi3"]
@@ -115,6 +115,15 @@ def test_region_covers_exactly_its_pairs(grad):
         assert torch.equal(acc.out[:, :, :3], torch.zeros(1, 4, 3, 8))
         empty = ~allowed.any(-1)
         assert torch.isneginf(acc.lse[0, :, 3:][:, empty]).all() and torch.isfinite(acc.lse[0, :, 3:][:, ~empty]).all()
+
+
+def test_rotate_at_zero_is_rotate_at_position_zero():
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 6, 2).float() / 6))  # 6 rotary dims of 8: partial rotary
+    x = torch.randn(2, 3, 10, 8)
+    for factor, dtype in [(1.0, torch.float32), (1.2, torch.float32), (torch.tensor(0.9), torch.bfloat16)]:
+        y = x.to(dtype)
+        assert torch.equal(rotate_at_zero(y, inv_freq, factor), rotate(y, torch.zeros(10), inv_freq, factor))
+    assert rotate_at_zero(x, inv_freq, 1.0) is x
 
 
 def test_rotate_matches_transformers():
@@ -300,6 +309,11 @@ def test_gemma3_sliding_layers_are_left_alone_by_default():
     assert by_type["full_attention"].method.method == "rerope" and by_type["full_attention"].rotary is not None
     assert by_type["sliding_attention"].method is None and by_type["sliding_attention"].rotary is None
     rope_ext.unpatch(model)
+    ids = input_ids(20)
+    before = logits(model, ids)
+    with pytest.raises(ValueError, match=r"\['sliding_attention'\] use sliding-window .* \['full_attention'\]"):
+        rope_ext.patch(model, "rerope", layer_types=["full_attention", "sliding_attention"])
+    assert torch.equal(logits(model, ids), before)
 
 
 # --- bad values ------------------------------------------------------------------------------------
@@ -314,6 +328,7 @@ def test_gemma3_sliding_layers_are_left_alone_by_default():
         ("self_extend", {"G": 0}, "G must be an int >= 1"),
         ("self_extend", {"W": 100}, "below the original context"),
         ("string", {"S": 10, "W": 20}, "W=20 must be below S=10"),
+        ("string", {"S": 1}, "S must be an int >= 2"),
         ("dca", {"chunk_size": 100}, "exceeds the original context"),
         ("dca", {"local_window": 48}, "local_window=48 must be below chunk_size"),
         ("dca", {"mscale": "yes"}, "mscale must be True or False"),
@@ -329,6 +344,22 @@ def test_bad_values_raise_with_the_valid_range(method, options, message):
         rope_ext.patch(model, method, **options)
     assert rope_ext.get_patch(model) is None and model.config._attn_implementation == "sdpa"
     assert torch.equal(logits(model, ids), before)
+
+
+def test_derived_options_fit_the_ones_given():
+    model = tiny_model("llama")
+    rope_ext.patch(model, "dca", chunk_size=4)  # local_window defaults below it
+    hooks = [vars(m)[HOOK_ATTR] for m in model.modules() if HOOK_ATTR in vars(m)]
+    assert hooks and all(h.method.local_window == 3 and h.method.chunk_size == 4 for h in hooks)
+    rope_ext.unpatch(model)
+
+
+def test_output_attentions_warns_that_no_weights_come_back(caplog):
+    model = tiny_model("llama")
+    with rope_ext.patched(model, "rerope"):
+        with caplog.at_level("WARNING"):
+            out = model(input_ids(20), output_attentions=True)
+    assert not out.attentions and "does not return attention weights" in caplog.text
 
 
 def test_two_attention_methods_are_refused_but_logn_combines():

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.llama.modeling_llama import rotate_half
+from transformers.utils import logging
 
 from rope_ext.attention import kernels
 from rope_ext.attention.reference import method_reference, two_matrix_attention
@@ -43,6 +44,8 @@ from rope_ext.methods import (
     MethodConfig,
     WindowConfig,
 )
+
+logger = logging.get_logger(__name__)
 
 #: the key under which the attention function and its mask function are registered
 ATTENTION_KEY = "rope_ext"
@@ -279,6 +282,11 @@ def rope_ext_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The attention function registered as ``"rope_ext"``: dispatches to the module's ``AttentionHook``."""
+    if kwargs.get("output_attentions"):
+        logger.warning_once(
+            "rope_ext attention does not return attention weights (output_attentions=True gives none); unpatch, or "
+            "patch a model loaded with attn_implementation='eager' and read the weights before patching"
+        )
     hook = getattr(module, HOOK_ATTR, None)
     if hook is None:
         raise RuntimeError(
@@ -344,6 +352,13 @@ class AttentionSetup:
             rotary.set_base(rotary_site, specs)
         setup = cls()
         configs: dict[int, Any] = {}
+        sliding = sorted({t for module, t in site.modules if t in specs and _sliding_window(module) is not None}, key=str)
+        if sliding and None not in specs:  # layer types the user (or the default) chose
+            full = sorted({t for module, t in site.modules if t in specs and _sliding_window(module) is None}, key=str)
+            raise ValueError(
+                f"{site.family}: layer types {sliding} use sliding-window attention, which attention methods do not "
+                f"rewrite; choose layer_types among the full-attention ones: {full}"
+            )
         for module, layer_type in site.modules:
             if layer_type in specs or None in specs:
                 key = layer_type if layer_type in specs else None  # one rotary embedding serves every layer

@@ -203,7 +203,7 @@ class StringConfig(WindowConfig):
     W: int | None = None
 
     def __post_init__(self) -> None:
-        _check_int(self.method, "S", self.S, 1)
+        _check_int(self.method, "S", self.S, 2)  # above W >= 1
         _check_int(self.method, "W", self.W, 1)
         if self.S is not None and self.W is not None and self.W >= self.S:
             raise ValueError(f"{self.method}: W={self.W} must be below S={self.S}; valid: 1..{self.S - 1}")
@@ -236,7 +236,7 @@ class DualChunkConfig(AttentionConfig):
     (``s = chunk_size - local_window``); a query at ``i mod s`` for its own chunk, at
     ``min(i mod s + s, chunk_size)`` for the previous one, at ``chunk_size`` for older ones.
 
-    Defaults ``chunk_size = 3L/4``, ``local_window = L/8`` (the reference's). ``mscale`` multiplies the scores
+    Defaults ``chunk_size = 3L/4``, ``local_window = L/8`` (the reference's; below a smaller ``chunk_size``). ``mscale`` multiplies the scores
     of query ``i`` by ``(0.05 ln((i + 1) / L) + 1) ** 2`` beyond ``L``: the reference's ``0.05 ln(n/L) + 1`` on
     both q and k, with ``n`` taken per query so that generation with the cache equals a full forward.
     """
@@ -259,7 +259,7 @@ class DualChunkConfig(AttentionConfig):
             raise ValueError(
                 f"{self.method}: chunk_size={chunk_size} exceeds the original context L={original}; valid: 2..{original}"
             )
-        local = self.local_window if self.local_window is not None else max(1, original // 8)
+        local = self.local_window if self.local_window is not None else max(1, min(original // 8, chunk_size - 1))
         _check_below(self.method, "local_window", local, chunk_size, "chunk_size")
         return dataclasses.replace(self, chunk_size=chunk_size, local_window=local)
 
