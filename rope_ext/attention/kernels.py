@@ -105,7 +105,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 class Accumulator:
-    """Running ``(out, lse)`` of the queries; ``add`` merges one call's result into a slice of queries."""
+    """Running ``(out, lse)`` of the queries; ``add`` merges one call's result into a slice of queries (and may
+    overwrite that result: pass tensors the caller no longer needs)."""
 
     def __init__(self, q: torch.Tensor, value_dim: int) -> None:
         self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=torch.float32, device=q.device)
@@ -118,10 +119,12 @@ class Accumulator:
         safe = torch.where(finite, new_lse, torch.zeros_like(new_lse))
         keep = torch.where(finite, torch.exp(old_lse - safe), torch.zeros_like(safe))
         take = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(safe))
-        merged = old_out * keep[..., None] + out * take[..., None]
-        if torch.is_grad_enabled() and (merged.requires_grad or self.out.requires_grad):
+        if torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad):
+            merged = old_out * keep[..., None] + out * take[..., None]
             self.out, self.lse = self.out.clone(), self.lse.clone()  # autograd keeps the old tensors it saved
-        self.out[:, :, start:stop] = merged
+            self.out[:, :, start:stop] = merged
+        else:  # in place: no temporaries the size of the output (``out`` is the caller's own result)
+            old_out.mul_(keep[..., None]).add_(out.mul_(take[..., None]))
         self.lse[:, :, start:stop] = new_lse
 
 

@@ -234,6 +234,7 @@ class AttentionHook:
             k_std = None
             k_band = rotate(k[:, :, band_start:], k_pos[band_start:], inv_freq, attention_factor)
         kernels.region(acc, q_std, k_band, v[:, :, band_start:], scale, q0, 0, w - 1, band_start, self.tile)
+        del q_std, k_band  # (peak memory: one rotated copy of the queries at a time)
         if far_keys <= 0 or q_pos[-1] < w:
             return
         if k_std is not None:
@@ -251,23 +252,25 @@ class AttentionHook:
         s, size = method.chunk, method.chunk_size
         k_pos = torch.arange(m, device=q.device, dtype=torch.float32)
         k_rot = rotate(k, torch.remainder(k_pos, s), inv_freq, attention_factor)
-        within = torch.remainder(q_pos, s)
-        q_intra = rotate(q, within, inv_freq, attention_factor)
-        q_successive = rotate(q, torch.clamp(within + s, max=size), inv_freq, attention_factor)
-        q_older = rotate(q, torch.full_like(within, float(size)), inv_freq, attention_factor)
         a = 0
-        while a < q.shape[2]:  # the queries of one chunk at a time
+        while a < q.shape[2]:  # the queries of one chunk at a time (rotated per chunk: one chunk's copies at a time)
             p0 = q0 + a
             start = (p0 // s) * s  # their chunk
             b = min(q.shape[2], start + s - q0)
+            qc, within = q[:, :, a:b], torch.remainder(q_pos[a:b], s)
             span = slice(start, q0 + b)
-            kernels.region(acc, q_intra[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, out_offset=a)
+            q_intra = rotate(qc, within, inv_freq, attention_factor)
+            kernels.region(acc, q_intra, k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, out_offset=a)
+            del q_intra
             if start >= s:
                 span = slice(start - s, start)
-                acc.add(a, b, *kernels.lse_attention(q_successive[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale))
+                q_successive = rotate(qc, torch.clamp(within + s, max=size), inv_freq, attention_factor)
+                acc.add(a, b, *kernels.lse_attention(q_successive, k_rot[:, :, span], v[:, :, span], scale))
+                del q_successive
             if start >= 2 * s:
                 span = slice(0, start - s)
-                acc.add(a, b, *kernels.lse_attention(q_older[:, :, a:b], k_rot[:, :, span], v[:, :, span], scale))
+                q_older = rotate(qc, torch.full_like(within, float(size)), inv_freq, attention_factor)
+                acc.add(a, b, *kernels.lse_attention(q_older, k_rot[:, :, span], v[:, :, span], scale))
             a = b
 
 
