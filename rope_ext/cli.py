@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from rope_ext.methods import MethodConfig
 
-# The main job (`make demo`): ~6 minutes of forwards on a 2-core CPU (fp32 forwards of the default model take
+# The main job (`make demo`): ~10 minutes of forwards on a 2-core CPU (fp32 forwards of the default model take
 # ~10 s at 4k, ~30 s at 8k, ~65 s at 12k). PI (~3x worse at every length without fine-tuning) and the 2k
 # column (flat, like 4k) are left to `--methods` / `--lengths`; 12k shows what happens past the native 8192.
-DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2"
+# DCA is the attention method with the lowest fixed-target perplexity at 32k (README, "Attention methods:
+# quality").
+DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2,dca"
 DEFAULT_LENGTHS = "4k,8k,12k"
 DTYPES = ("float32", "bfloat16", "float16")
 SPEC_SYNTAX = (
