@@ -99,11 +99,6 @@ def _flipped(q, k, v, scale) -> tuple[torch.Tensor, torch.Tensor]:
     return out.flip(2), lse.flip(-1)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Square causal attention (``n == m``) in one call."""
-    return lse_attention(q, k, v, scale, causal=True)
-
-
 class Accumulator:
     """Running ``(out, lse)`` of the queries; ``add`` merges one call's result into a slice of queries (and may
     overwrite that result: pass tensors the caller no longer needs)."""

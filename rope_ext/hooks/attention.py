@@ -214,11 +214,8 @@ class AttentionHook:
         return product.float()
 
     def _plain(self, acc, q, k, v, scale, q0, far_limit) -> None:
-        if far_limit is None and q0 == 0:
-            acc.add(0, q.shape[2], *kernels.causal_attention(q, k, v, scale))
-        else:
-            start = 0 if far_limit is None else max(0, q0 - far_limit)
-            kernels.region(acc, q, k[:, :, start:], v[:, :, start:], scale, q0, 0, far_limit, start, self.tile)
+        start = 0 if far_limit is None else max(0, q0 - far_limit)
+        kernels.region(acc, q, k[:, :, start:], v[:, :, start:], scale, q0, 0, far_limit, start, self.tile)
 
     def _window(self, acc, method: WindowConfig, q, k, v, scale, q0, q_pos, inv_freq, attention_factor) -> None:
         m = k.shape[2]
