@@ -247,7 +247,7 @@ def _refuse_shared_configs(model: nn.Module, builder: PlanBuilder) -> None:
     more references than this model's modules, the plan and this function account for.
     """
     edits = builder.plan.edits
-    own = [*model.modules(), *(e.new for e in edits if isinstance(e.new, nn.Module))]
+    own = [*model.modules(), *(e.new for e in edits if isinstance(getattr(e, "new", None), nn.Module))]
     configs = {id(e.obj): e.obj for e in builder.config_edits}
     for config in configs.values():
         known = sum(1 for m in own for value in vars(m).values() if value is config)

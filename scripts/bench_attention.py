@@ -2,7 +2,8 @@
 peak memory at each length for plain SDPA (unpatched), each method's fast path and, for the window
 methods at short lengths, the reference repositories' two-matrix strategy; decode tokens/s after the
 longest prompt. Every measurement runs in its own process (so its peak RSS is its own), interleaved
-length by length, and is reported as a ratio to plain SDPA of the same run.
+length by length, and is reported as a ratio to plain SDPA of the same run (the mean of ``--sdpa-runs``
+measurements: the first before the methods, the others after them).
 
     python scripts/bench_attention.py [--lengths 4096,16384] [--methods rerope,self_extend,dca,string]
         [--two-matrix-max 4096] [--decode-tokens 16] [--out results/bench_attention.json] [--overwrite]
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="rerope,self_extend,dca,string")
     parser.add_argument("--two-matrix-max", type=int, default=4096, help="longest length for the two-matrix path")
     parser.add_argument("--decode-tokens", type=int, default=16)
+    parser.add_argument("--sdpa-runs", type=int, default=1,
+                        help="measure unpatched SDPA this many times (first, then after the methods); ratios use the mean")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/bench_attention.json")
     parser.add_argument("--overwrite", action="store_true")
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     window_methods = {"rerope", "leaky_rerope", "self_extend", "string"}
     rows = []
     for length in lengths:
-        configs = ["sdpa"] + methods
+        configs = ["sdpa"] + methods + ["sdpa"] * max(0, args.sdpa_runs - 1)
         configs += [f"{m}@two_matrix" for m in methods if m in window_methods and length <= args.two_matrix_max]
         decode = args.decode_tokens if length == max(lengths) else 0
         for config in configs:
@@ -96,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{length:6d} {config:24s} prefill {row['prefill_seconds']:7.2f} s  peak {row['peak_rss_mb']:7.0f} MB"
                   + (f"  decode {row['decode_tokens_per_second']:.2f} tok/s" if row["decode_tokens_per_second"] else ""),
                   flush=True)
-    base = {row["length"]: row for row in rows if row["config"] == "sdpa" and "error" not in row}
+    base = {}
+    for length in lengths:
+        plain = [row for row in rows if row["config"] == "sdpa" and row["length"] == length and "error" not in row]
+        if plain:
+            base[length] = {key: (sum(row[key] for row in plain) / len(plain) if all(row[key] for row in plain) else None)
+                            for key in ("prefill_seconds", "peak_rss_mb", "rss_before_prefill_mb", "decode_tokens_per_second")}
     for row in rows:
         plain = base.get(row["length"])
         if "error" in row or plain is None:

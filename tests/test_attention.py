@@ -13,7 +13,8 @@ from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_model
 import rope_ext
 from rope_ext.attention import kernels
 from rope_ext.attention.reference import reference_attention
-from rope_ext.hooks.attention import HOOK_ATTR, rotate, rotate_at_zero
+from rope_ext.hooks import attention as attention_hooks
+from rope_ext.hooks.attention import HOOK_ATTR, ROTATED_ATTR, rotate, rotate_at_zero
 from rope_ext.methods.windows import rerope_positions
 
 FAMILIES = ["llama", "qwen2", "gemma3", "gpt_neox", "phi3"]
@@ -84,7 +85,8 @@ def test_rerope_scores_depend_only_on_min_distance_and_window():
         hook = rope_ext.hooks.AttentionHook(None, None, 10**6, tile=tile)
         hook.method = rope_ext.methods.ReRopeConfig(w=w)
         acc = kernels.Accumulator(q, 16)
-        hook._window(acc, hook.method, q, k, v, 0.25, 0, torch.arange(n).float(), inv_freq, 1.0)
+        keys = attention_hooks._KeyRotation(hook, attention_hooks._Keep(None, None, None), inv_freq, 1.0)
+        hook._window(acc, hook.method, q, k, v, 0.25, 0, torch.arange(n).float(), keys)
         torch.testing.assert_close(acc.out, expected.float(), rtol=0, atol=2e-6)
     assert torch.equal(rerope_positions(i, j, w), rel)
 
@@ -233,6 +235,138 @@ def test_cache_consistent_dynamic_ntk_equals_the_full_forward_in_one_layer():
         assert (stepwise() - prefix_forwards()).abs().max() > 1e-3  # the inconsistency the mode removes
 
 
+# --- decoding: rotated keys kept with the cache ---------------------------------------------------
+
+#: every window and chunk kind: rotated keys kept per rule (band, far keys, chunk positions, all keys)
+KEPT = [("rerope", {}), ("self_extend", {"G": 4}), ("dca", {}), ("string", {}), ("leaky_rerope", {"k": 4.0})]
+
+
+def _decode(model, cache, tokens):
+    """Feed ``tokens [b, t]`` one at a time; the last-position logits of each step ``[b, t, vocab]``."""
+    outs = []
+    with torch.no_grad():
+        for t in range(tokens.shape[1]):
+            outs.append(model(input_ids=tokens[:, t : t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+    return torch.stack(outs, 1)
+
+
+def _forget(cache):
+    for layer in cache.layers:
+        vars(layer).pop(ROTATED_ATTR, None)
+
+
+@pytest.mark.parametrize("method,options", KEPT, ids=[m for m, _ in KEPT])
+def test_decode_rotates_only_the_new_keys(models, method, options, monkeypatch):
+    """A one-shot forward keeps nothing; from the first step that extends the cache on, each decode step
+    rotates one key per layer and rule, and gives what rotating every cached key afresh gives."""
+    from transformers import DynamicCache
+
+    model = models["llama"]
+    ids = input_ids(2 * L + 40, seed=5)
+    prompt, steps = ids[:, : 2 * L], ids[:, 2 * L :]
+    monkeypatch.setattr(attention_hooks, "GROWTH", 3)  # buffers run full and move every few steps
+    with rope_ext.patched(model, method, **options):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        assert not any(vars(layer).get(ROTATED_ATTR) for layer in cache.layers)
+        first = _decode(model, cache, steps[:, :1])
+        kept = dict(vars(cache.layers[0])[ROTATED_ATTR])
+        assert kept
+        rotated_sizes = []
+        real_rotate = attention_hooks.rotate
+
+        def counting(x, positions, inv_freq, factor):
+            if x.shape[1] == model.config.num_key_value_heads:  # keys (queries have all heads)
+                rotated_sizes.append(x.shape[2])
+            return real_rotate(x, positions, inv_freq, factor)
+
+        monkeypatch.setattr(attention_hooks, "rotate", counting)
+        kept_steps = torch.cat([first, _decode(model, cache, steps[:, 1:])], 1)
+        monkeypatch.setattr(attention_hooks, "rotate", real_rotate)
+        assert rotated_sizes and max(rotated_sizes) == 1  # never more than the key a step adds
+        assert all(vars(cache.layers[0])[ROTATED_ATTR][slot] is memo for slot, memo in kept.items())
+        assert any(memo.start > 0 for memo in kept.values()) == (method != "dca" and method != "string")  # bands move
+        monkeypatch.setattr(attention_hooks.AttentionHook, "remember_cache", lambda self, module, cache: None)
+        fresh = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=fresh, use_cache=True)
+        fresh_steps = _decode(model, fresh, steps)
+        assert not any(ROTATED_ATTR in vars(layer) for layer in fresh.layers)
+    torch.testing.assert_close(kept_steps, fresh_steps, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("edit", ["reorder", "crop", "select", "in_place", "other_sequence", "reset"])
+def test_kept_keys_follow_every_edit_of_the_cache(models, edit):
+    """A cache reordered (beam search), cropped (assisted decoding), narrowed to some rows, written in place
+    or replaced keeps decoding exactly as a cache that never kept rotated keys."""
+    from transformers import DynamicCache
+
+    model = models["llama"]
+    ids = torch.cat([input_ids(2 * L + 12, seed=6), input_ids(2 * L + 12, seed=7)])
+    prompt, more, after = ids[:, : 2 * L], ids[:, 2 * L : 2 * L + 6], ids[:, 2 * L + 6 :]
+    with rope_ext.patched(model, "self_extend", G=4):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        _decode(model, cache, more)
+        if edit == "reorder":
+            cache.reorder_cache(torch.tensor([1, 0]))
+        elif edit == "crop":
+            cache.crop(-4)
+        elif edit == "select":
+            cache.batch_select_indices(torch.tensor([1]))
+            after = after[1:]
+        elif edit == "in_place":
+            for layer in cache.layers:
+                layer.keys[:, :, : L].mul_(-1.0)
+        elif edit == "other_sequence":
+            other = DynamicCache(config=model.config)
+            with torch.no_grad():
+                model(input_ids=prompt.flip(0), past_key_values=other, use_cache=True)
+            _decode(model, other, more.flip(0))
+            for layer, theirs in zip(cache.layers, other.layers):
+                layer.keys, layer.values = theirs.keys, theirs.values
+        elif edit == "reset":
+            cache.reset()
+            with torch.no_grad():
+                model(input_ids=prompt.flip(0), past_key_values=cache, use_cache=True)
+        reference = copy.deepcopy(cache)
+        _forget(reference)
+        torch.testing.assert_close(_decode(model, cache, after), _decode(model, reference, after), rtol=0, atol=1e-5)
+
+
+def test_padded_batch_generate_keeps_rows_apart(models):
+    """Greedy generation on a left-padded batch (each row keeps its own rotated keys) equals each row alone."""
+    model = models["llama"]
+    long, short = input_ids(2 * L + 10, seed=8), input_ids(L + 20, seed=9)
+    pad = long.shape[1] - short.shape[1]
+    ids = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    options = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0, output_logits=True,
+                   return_dict_in_generate=True)
+    with rope_ext.patched(model, "dca"):
+        batch = torch.stack(model.generate(ids, attention_mask=mask, **options).logits, 1)
+        alone = [torch.stack(model.generate(row, **options).logits, 1) for row in (long, short)]
+    torch.testing.assert_close(batch, torch.cat(alone), rtol=0, atol=5e-5)
+
+
+def test_a_copy_of_a_patched_model_unpatches_apart_from_it():
+    """The forward pre-hooks that note the cache come off the copy alone."""
+    model = tiny_model("llama")
+    ids = input_ids(2 * L)
+    base = logits(model, ids)
+    rope_ext.patch(model, "dca")
+    patched = logits(model, ids)
+    clone = copy.deepcopy(model)
+    rope_ext.unpatch(clone)
+    assert not any(m._forward_pre_hooks for m in clone.modules())
+    assert torch.equal(logits(clone, ids), base) and torch.equal(logits(model, ids), patched)
+    rope_ext.unpatch(model)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+
 # --- patch mechanics ------------------------------------------------------------------------------
 
 
@@ -247,7 +381,7 @@ def test_unpatch_restores_attention_implementation_and_logits_bit_exactly(attn):
     assert set(model.state_dict()) == set(state)  # hooks are not submodules or buffers
     rope_ext.unpatch(model)
     assert model.config._attn_implementation == attn
-    assert not _hooks(model)
+    assert not _hooks(model) and not any(m._forward_pre_hooks for m in model.modules())
     assert torch.equal(logits(model, ids), before)
 
 

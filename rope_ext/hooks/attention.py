@@ -16,6 +16,14 @@ The hook rotates queries and keys itself, with the frequencies the rotary replac
 current length (a frequency method's, or the checkpoint's own), region by region (``rope_ext.attention``).
 Keys are rotated at attention time, so a dynamic frequency method is consistent with the cache. Layers
 left alone (sliding-window layers) run plain attention with their window.
+
+Decoding: a method that rotates every cached key at a position of its own (Self-Extend's ``j // G``, DCA's
+``j mod s``, STRING's ``j``) would re-rotate the whole cache in every layer at every step. Instead the rotated
+keys are kept on the cache layer (``RotatedKeys``: a second, rotated copy of the key cache, gone with the
+cache) and each step rotates only the keys it adds. A forward pre-hook on each patched attention module
+notes its ``DynamicLayer`` before the module appends to it; the copy is reused only when that layer still
+holds, unmodified, the key tensor the copy was made from, so a cache that was reordered, cropped, narrowed,
+reset or written in place is rotated afresh. Other caches (and calls without one) rotate every time.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.llama.modeling_llama import rotate_half
 from transformers.utils import logging
@@ -75,6 +84,79 @@ def rotate_at_zero(x: torch.Tensor, inv_freq: torch.Tensor, attention_factor) ->
     return torch.cat((rotated, x[..., rotary:]), dim=-1) if x.shape[-1] > rotary else rotated
 
 
+#: positions a ``RotatedKeys`` buffer grows by (at least) when it runs full
+GROWTH = 256
+#: the attribute of a cache layer that holds the ``RotatedKeys`` of its sequence
+ROTATED_ATTR = "_rope_ext_rotated_keys"
+
+
+@dataclass(eq=False)
+class CacheLink:
+    """The cache layer a call's keys come from, as it was before this forward appended to it."""
+
+    layer: DynamicLayer
+    #: ``layer.keys`` before the append
+    before: torch.Tensor | None
+
+
+@dataclass(eq=False)
+class RotatedKeys:
+    """Keys of a cached sequence rotated by one position rule, kept on the cache layer so that decoding
+    rotates only the keys each step adds: a second, rotated copy of the key cache from position ``start``
+    on (a window method's band keeps only its last ``w`` keys).
+
+    Reused only when the layer still holds, unmodified, the key tensor this copy was extended from (the
+    ``DynamicLayer`` then only appended to it: a reorder, crop, reset or offload replaces the tensor, an
+    in-place write bumps its version), with the same frequencies, the same padding and the same rule.
+    """
+
+    hook: AttentionHook
+    rule: Any
+    inv_freq: torch.Tensor
+    attention_factor: float | torch.Tensor
+    #: the padding mask of a compacted row over the keys seen (``None``: an unpadded batch)
+    mask: torch.Tensor | None
+    #: the cache's key tensor when this copy was last extended, and its version
+    seen: torch.Tensor
+    version: int
+    buffer: torch.Tensor  # [b, hk, capacity, d]: the keys at positions start..length-1, then room to grow
+    start: int
+    length: int
+
+    def extends(self, link: CacheLink, hook, rule, inv_freq, attention_factor, k, first, mask) -> bool:
+        b = self.buffer
+        return (
+            link.before is self.seen
+            and self.seen._version == self.version
+            and self.hook is hook
+            and self.rule == rule
+            and self.start <= first <= self.length <= k.shape[2]
+            and k.shape[:2] == b.shape[:2]
+            and k.shape[3] == b.shape[3]
+            and k.dtype == b.dtype
+            and k.device == b.device
+            and b.is_inference() == torch.is_inference_mode_enabled()  # (an inference tensor takes no writes outside)
+            and inv_freq.shape == self.inv_freq.shape
+            and torch.equal(inv_freq, self.inv_freq)
+            and torch.equal(torch.as_tensor(attention_factor), torch.as_tensor(self.attention_factor))
+            and (mask is None) == (self.mask is None)
+            and (mask is None or (mask.numel() >= self.mask.numel() and torch.equal(mask[: self.mask.numel()], self.mask)))
+        )
+
+    def extend(self, rotated: torch.Tensor, first: int) -> torch.Tensor:
+        """Append ``rotated`` (the keys from ``length`` on); returns the keys from position ``first`` on (a view
+        of the buffer). A full buffer is replaced by a larger one holding the keys from ``first`` on."""
+        m = self.length + rotated.shape[2]
+        if m - self.start > self.buffer.shape[2]:
+            held = self.buffer[:, :, first - self.start : self.length - self.start]
+            grown = held.new_empty(*held.shape[:2], m - first + max(GROWTH, (m - first) // 8), held.shape[3])
+            grown[:, :, : held.shape[2]] = held
+            self.buffer, self.start = grown, first
+        self.buffer[:, :, self.length - self.start : m - self.start] = rotated
+        self.length = m
+        return self.buffer[:, :, first - self.start : m - self.start]
+
+
 @dataclass(eq=False)
 class AttentionHook:
     """One attention module's settings, read by the registered attention function on every call."""
@@ -91,6 +173,17 @@ class AttentionHook:
     #: ``"fast"``; ``"reference"``: the plain formula (full score matrices in float64, for tests);
     #: ``"two_matrix"``: the reference repositories' two-matrix strategy (window methods, for benchmarks)
     path: str = "fast"
+    #: the cache layer of the forward under way (set by ``remember_cache`` before the module runs)
+    pending: CacheLink | None = field(default=None, repr=False)
+
+    def remember_cache(self, module: nn.Module, cache: Any) -> None:
+        """Note the module's cache layer as it is before this forward appends to it (a ``DynamicLayer`` only)."""
+        self.pending = None
+        layers = getattr(cache, "layers", None) if isinstance(cache, Cache) else None
+        index = getattr(module, "layer_idx", None)
+        if layers is None or not isinstance(index, int) or index >= len(layers) or type(layers[index]) is not DynamicLayer:
+            return
+        self.pending = CacheLink(layers[index], getattr(layers[index], "keys", None))
 
     def __call__(
         self,
@@ -124,6 +217,9 @@ class AttentionHook:
                 "(preallocated) cache is not supported; use the default dynamic cache"
             )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        link, self.pending = self.pending, None
+        if link is not None and (key is not link.layer.keys or n == m):
+            link = None  # not the cache's own tensor, or no cached prefix yet (a one-shot forward keeps nothing)
         frequencies = None
         if self.rotary is not None:
             # the current length, as the rotary module sees it (dynamic methods follow it)
@@ -146,7 +242,7 @@ class AttentionHook:
         if rows is not None and bool(rows.all()):
             rows = None
         if rows is None:
-            out = self._attend(query, key, value, scale, frequencies, sliding_window)
+            out = self._attend(query, key, value, scale, frequencies, sliding_window, _Keep(link, None, None))
         else:  # padded rows, one by one, compacted to their own tokens
             out = torch.zeros(*query.shape[:-1], value.shape[-1], dtype=query.dtype, device=query.device)
             for r in range(batch):
@@ -156,12 +252,13 @@ class AttentionHook:
                 if queries.numel() == 0:
                     continue
                 q_r = query[r : r + 1, :, queries]
+                kept = _Keep(link, r, keep)
                 out[r, :, queries] = self._attend(
-                    q_r, key[r : r + 1, :, keys], value[r : r + 1, :, keys], scale, frequencies, sliding_window
+                    q_r, key[r : r + 1, :, keys], value[r : r + 1, :, keys], scale, frequencies, sliding_window, kept
                 )[0]
         return out.transpose(1, 2).contiguous()
 
-    def _attend(self, q, k, v, scale, frequencies, sliding_window) -> torch.Tensor:
+    def _attend(self, q, k, v, scale, frequencies, sliding_window, kept: _Keep) -> torch.Tensor:
         """Rows without padding: keys at positions ``0..m-1``, queries the last ``n`` of them."""
         n, m = q.shape[2], k.shape[2]
         q0 = m - n
@@ -186,14 +283,14 @@ class AttentionHook:
         if multiplier is not None:
             q = q * multiplier.to(q.dtype)[:, None]
         method = self.method
+        keys = _KeyRotation(self, kept, inv_freq, attention_factor)
         if method is None:
-            k_pos = torch.arange(m, device=device, dtype=torch.float32)
-            q_std, k_std = rotate(q, q_pos, inv_freq, attention_factor), rotate(k, k_pos, inv_freq, attention_factor)
-            self._plain(acc, q_std, k_std, v, scale, q0, far_limit)
+            q_std = rotate(q, q_pos, inv_freq, attention_factor)
+            self._plain(acc, q_std, keys.at("position", k, _same), v, scale, q0, far_limit)
         elif isinstance(method, WindowConfig):
-            self._window(acc, method, q, k, v, scale, q0, q_pos, inv_freq, attention_factor)
+            self._window(acc, method, q, k, v, scale, q0, q_pos, keys)
         elif isinstance(method, DualChunkConfig):
-            self._dual_chunk(acc, method, q, k, v, scale, q0, q_pos, inv_freq, attention_factor)
+            self._dual_chunk(acc, method, q, k, v, scale, q0, q_pos, keys)
         else:
             raise TypeError(f"no attention path for {type(method).__name__}")
         return acc.out.to(q.dtype)
@@ -217,19 +314,19 @@ class AttentionHook:
         start = 0 if far_limit is None else max(0, q0 - far_limit)
         kernels.region(acc, q, k[:, :, start:], v[:, :, start:], scale, q0, 0, far_limit, start, self.tile)
 
-    def _window(self, acc, method: WindowConfig, q, k, v, scale, q0, q_pos, inv_freq, attention_factor) -> None:
+    def _window(self, acc, method: WindowConfig, q, k, v, scale, q0, q_pos, keys: _KeyRotation) -> None:
         m = k.shape[2]
         w = method.window
+        inv_freq, attention_factor = keys.inv_freq, keys.attention_factor
         band_start = max(0, q0 - w + 1)  # the band needs only the last keys (decode rotates w of them)
-        k_pos = torch.arange(m, device=q.device, dtype=torch.float32)
         q_std = rotate(q, q_pos, inv_freq, attention_factor)
         far_keys = m - w  # keys 0..m-w-1 can be w or more behind the last query
         if method.far_key_is_position and far_keys > 0:
-            k_std = rotate(k, k_pos, inv_freq, attention_factor)
+            k_std = keys.at("position", k, _same)
             k_band = k_std[:, :, band_start:]
         else:
             k_std = None
-            k_band = rotate(k[:, :, band_start:], k_pos[band_start:], inv_freq, attention_factor)
+            k_band = keys.at("position", k, _same, first=band_start)
         kernels.region(acc, q_std, k_band, v[:, :, band_start:], scale, q0, 0, w - 1, band_start, self.tile)
         del q_std, k_band  # (peak memory: one rotated copy of the queries at a time)
         if far_keys <= 0 or q_pos[-1] < w:
@@ -239,16 +336,15 @@ class AttentionHook:
         elif method.far_key_is_zero:
             k_far = rotate_at_zero(k[:, :, :far_keys], inv_freq, attention_factor)
         else:
-            k_far = rotate(k[:, :, :far_keys], method.far_key(k_pos[:far_keys]), inv_freq, attention_factor)
+            k_far = keys.at(("far", method), k[:, :, :far_keys], method.far_key)
         first = max(0, w - q0)  # queries before position w have no far keys
         q_far = rotate(q[:, :, first:], method.far_query(q_pos[first:]), inv_freq, attention_factor)
         kernels.region(acc, q_far, k_far, v[:, :, :far_keys], scale, q0 + first, w, None, out_offset=first)
 
-    def _dual_chunk(self, acc, method: DualChunkConfig, q, k, v, scale, q0, q_pos, inv_freq, attention_factor) -> None:
-        m = k.shape[2]
+    def _dual_chunk(self, acc, method: DualChunkConfig, q, k, v, scale, q0, q_pos, keys: _KeyRotation) -> None:
         s, size = method.chunk, method.chunk_size
-        k_pos = torch.arange(m, device=q.device, dtype=torch.float32)
-        k_rot = rotate(k, torch.remainder(k_pos, s), inv_freq, attention_factor)
+        inv_freq, attention_factor = keys.inv_freq, keys.attention_factor
+        k_rot = keys.at(("chunk", method), k, lambda j: torch.remainder(j, s))
         a = 0
         while a < q.shape[2]:  # the queries of one chunk at a time (rotated per chunk: one chunk's copies at a time)
             p0 = q0 + a
@@ -269,6 +365,62 @@ class AttentionHook:
                 q_older = rotate(qc, torch.full_like(within, float(size)), inv_freq, attention_factor)
                 acc.add(a, b, *kernels.lse_attention(q_older, k_rot[:, :, span], v[:, :, span], scale))
             a = b
+
+
+def _same(positions: torch.Tensor) -> torch.Tensor:
+    return positions
+
+
+@dataclass(eq=False)
+class _Keep:
+    """Where one ``_attend`` call may keep its rotated keys: the cache link of the call, the padded row (its
+    index and padding mask) or ``None`` for an unpadded batch."""
+
+    link: CacheLink | None
+    row: int | None
+    mask: torch.Tensor | None
+
+
+@dataclass(eq=False)
+class _KeyRotation:
+    """The keys of one ``_attend`` call rotated by a position rule: through the cache layer's ``RotatedKeys``
+    when the keys come from a ``DynamicLayer`` and no gradients are wanted, else afresh."""
+
+    hook: AttentionHook
+    kept: _Keep
+    inv_freq: torch.Tensor
+    attention_factor: float | torch.Tensor
+
+    def at(self, rule: Any, k: torch.Tensor, positions, first: int = 0) -> torch.Tensor:
+        """The keys ``k[:, :, first:]`` (the first keys of the call's) rotated at ``positions(j)``, ``j = first..``."""
+        m = k.shape[2]
+        j = torch.arange(first, m, device=k.device, dtype=torch.float32)
+        link, mask = self.kept.link, self.kept.mask
+        if link is None or (torch.is_grad_enabled() and k.requires_grad):
+            return rotate(k[:, :, first:], positions(j), self.inv_freq, self.attention_factor)
+        held = vars(link.layer).setdefault(ROTATED_ATTR, {})
+        slot = (self.kept.row, rule)
+        memo = held.get(slot)
+        if memo is not None and memo.extends(link, self.hook, rule, self.inv_freq, self.attention_factor, k, first, mask):
+            new = rotate(k[:, :, memo.length :], positions(j[memo.length - first :]), self.inv_freq, self.attention_factor)
+            rotated = memo.extend(new, first)
+        else:  # (stale copies go before the new one is made: rows of an older batch, this slot's old one)
+            current = (id(link.before), id(link.layer.keys))
+            for stale in [key for key, other in held.items() if key == slot or id(other.seen) not in current]:
+                del held[stale]
+            buffer = k.new_empty(*k.shape[:2], m - first + GROWTH, k.shape[3])
+            buffer[:, :, : m - first] = rotate(k[:, :, first:], positions(j), self.inv_freq, self.attention_factor)
+            factor = self.attention_factor
+            memo = RotatedKeys(
+                self.hook, rule, self.inv_freq.detach().clone(),
+                factor.detach().clone() if isinstance(factor, torch.Tensor) else factor,
+                None, link.layer.keys, -1, buffer, first, m,
+            )
+            held[slot] = memo
+            rotated = buffer[:, :, : m - first]
+        memo.seen, memo.version = link.layer.keys, link.layer.keys._version
+        memo.mask = None if mask is None else mask.clone()
+        return rotated
 
 
 def rope_ext_attention(
@@ -301,6 +453,13 @@ def rope_ext_attention(
 
 AttentionInterface.register(ATTENTION_KEY, rope_ext_attention)
 AttentionMaskInterface.register(ATTENTION_KEY, flash_attention_mask)
+
+
+def _remember_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a patched attention module: its hook notes the cache layer before the append."""
+    hook = getattr(module, HOOK_ATTR, None)
+    if hook is not None:
+        hook.remember_cache(module, kwargs.get("past_key_values", kwargs.get("layer_past")))
 
 
 def _sliding_window(module: nn.Module) -> int | None:
@@ -374,6 +533,8 @@ class AttentionSetup:
                     "attention does not implement; attention methods are refused for it"
                 )
             builder.edit(module, HOOK_ATTR, hook)
+            if hook.rotary is not None:
+                builder.hook_forward(module, _remember_cache)
             configs[id(module.config)] = module.config
         if not setup.hooks:
             raise ValueError(

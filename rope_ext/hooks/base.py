@@ -67,8 +67,25 @@ class AttrEdit:
 
 
 @dataclass
+class ForwardPreHookEdit:
+    """Register ``hook`` as a forward pre-hook of ``module`` (with the call's keyword arguments); ``revert``
+    removes it. The handle survives ``copy.deepcopy`` and pickle of the model together with its plan."""
+
+    obj: nn.Module
+    hook: Callable[..., Any]
+    handle: Any = field(default=None, init=False)
+
+    def apply(self) -> None:
+        self.handle = self.obj.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def revert(self) -> None:
+        self.handle.remove()
+        self.handle = None
+
+
+@dataclass
 class PatchPlan:
-    edits: list[AttrEdit] = field(default_factory=list)
+    edits: list[AttrEdit | ForwardPreHookEdit] = field(default_factory=list)
 
     def apply(self) -> None:
         done: list[AttrEdit] = []
@@ -135,6 +152,10 @@ class PlanBuilder:
 
     def edit(self, obj: Any, name: str, new: Any) -> None:
         self.plan.edits.append(AttrEdit(obj, name, new))
+
+    def hook_forward(self, module: nn.Module, hook: Callable[..., Any]) -> None:
+        """Run ``hook(module, args, kwargs)`` before every forward of ``module`` while patched."""
+        self.plan.edits.append(ForwardPreHookEdit(module, hook))
 
     def edit_config(self, config: Any, name: str, new: Any) -> None:
         """An edit of a model config (or a sub-config of it) that ``save_pretrained`` writes out."""
