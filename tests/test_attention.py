@@ -352,6 +352,65 @@ def test_padded_batch_generate_keeps_rows_apart(models):
     torch.testing.assert_close(batch, torch.cat(alone), rtol=0, atol=5e-5)
 
 
+def test_inference_mode_decoding_and_a_switch_of_mode_on_one_cache(models):
+    """Inference tensors keep no version counter: the copy then relies on the tensor identity alone."""
+    from transformers import DynamicCache
+
+    model = models["llama"]
+    ids = input_ids(2 * L + 20, seed=10)
+    with rope_ext.patched(model, "dca"):
+        with torch.no_grad():
+            expected = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        with torch.inference_mode():
+            assert torch.equal(model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0), expected)
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=ids[:, :-4], past_key_values=cache)
+            first = _decode(model, cache, ids[:, -4:-2])
+        rest = _decode(model, cache, ids[:, -2:])  # no_grad now, on a cache made under inference_mode
+        torch.testing.assert_close(torch.cat([first, rest], 1), logits(model, ids)[:, -4:], rtol=0, atol=2e-5)
+
+
+def test_stale_copies_go_at_the_next_forward_and_refused_calls_keep_no_cache(models):
+    from transformers import DynamicCache
+
+    model = models["llama"]
+    ids = input_ids(2 * L, seed=11)
+    with rope_ext.patched(model, "self_extend", G=4):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache)
+            _decode(model, cache, ids[:, :2])
+        assert all(vars(layer)[ROTATED_ATTR] for layer in cache.layers)
+        cache.reset()
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache)  # a new sequence: the old copies are dropped
+        assert not any(vars(layer)[ROTATED_ATTR] for layer in cache.layers)
+        with pytest.raises(ValueError, match="padding mask over"):
+            model(input_ids=ids[:, :1], past_key_values=cache, attention_mask=torch.ones(1, 5, dtype=torch.long))
+        assert all(hook.pending is None for hook in _hooks(model))
+
+
+def test_families_whose_attention_ignores_the_interface_are_refused_naming_what_works():
+    falcon = tiny_model("falcon")
+    with pytest.raises(ValueError, match=r"falcon's attention modules do not run .* methods that work on it: .*yarn"):
+        rope_ext.patch(falcon, "dca")
+    assert rope_ext.get_patch(falcon) is None
+    moe = tiny_model("qwen2_moe")  # sliding_window=0 means none (use_sliding_window=False)
+    ids = input_ids(2 * L)
+    with rope_ext.patched(moe, "dca"):
+        torch.testing.assert_close(_steps_of(moe, ids), logits(moe, ids)[:, L - 1 : -1], rtol=0, atol=2e-5)
+
+
+def _steps_of(model, ids):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        first = model(input_ids=ids[:, :L], past_key_values=cache).logits[:, -1:]
+    return torch.cat([first, _decode(model, cache, ids[:, L:-1])], 1)
+
+
 def test_a_copy_of_a_patched_model_unpatches_apart_from_it():
     """The forward pre-hooks that note the cache come off the copy alone."""
     model = tiny_model("llama")

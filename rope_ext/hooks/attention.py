@@ -28,6 +28,8 @@ reset or written in place is rotated afresh. Other caches (and calls without one
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -52,6 +54,8 @@ from rope_ext.methods import (
     LogNConfig,
     MethodConfig,
     WindowConfig,
+    get_method_class,
+    list_methods,
 )
 
 logger = logging.get_logger(__name__)
@@ -90,6 +94,12 @@ GROWTH = 256
 ROTATED_ATTR = "_rope_ext_rotated_keys"
 
 
+def _version(tensor: torch.Tensor) -> int | None:
+    """``tensor``'s in-place version counter; ``None`` for an inference tensor (which keeps none: an in-place
+    write to cached keys made under ``torch.inference_mode`` is not seen)."""
+    return None if tensor.is_inference() else tensor._version
+
+
 @dataclass(eq=False)
 class CacheLink:
     """The cache layer a call's keys come from, as it was before this forward appended to it."""
@@ -118,7 +128,7 @@ class RotatedKeys:
     mask: torch.Tensor | None
     #: the cache's key tensor when this copy was last extended, and its version
     seen: torch.Tensor
-    version: int
+    version: int | None
     buffer: torch.Tensor  # [b, hk, capacity, d]: the keys at positions start..length-1, then room to grow
     start: int
     length: int
@@ -127,7 +137,7 @@ class RotatedKeys:
         b = self.buffer
         return (
             link.before is self.seen
-            and self.seen._version == self.version
+            and _version(self.seen) == self.version
             and self.hook is hook
             and self.rule == rule
             and self.start <= first <= self.length <= k.shape[2]
@@ -183,7 +193,13 @@ class AttentionHook:
         index = getattr(module, "layer_idx", None)
         if layers is None or not isinstance(index, int) or index >= len(layers) or type(layers[index]) is not DynamicLayer:
             return
-        self.pending = CacheLink(layers[index], getattr(layers[index], "keys", None))
+        layer = layers[index]
+        before = getattr(layer, "keys", None)
+        held = vars(layer).get(ROTATED_ATTR)
+        if held:  # copies of keys the layer no longer holds (reset, crop, reorder...) go now
+            for stale in [key for key, memo in held.items() if memo.seen is not before or _version(before) != memo.version]:
+                del held[stale]
+        self.pending = CacheLink(layer, before)
 
     def __call__(
         self,
@@ -197,6 +213,7 @@ class AttentionHook:
         position_ids: torch.Tensor | None,
         sliding_window: int | None,
     ) -> torch.Tensor:
+        link, self.pending = self.pending, None  # (taken first: a refused call keeps no reference to the cache)
         if dropout:
             raise ValueError(
                 f"rope_ext attention does not implement attention dropout (got {dropout}); set the config's "
@@ -217,7 +234,6 @@ class AttentionHook:
                 "(preallocated) cache is not supported; use the default dynamic cache"
             )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        link, self.pending = self.pending, None
         if link is not None and (key is not link.layer.keys or n == m):
             link = None  # not the cache's own tensor, or no cached prefix yet (a one-shot forward keeps nothing)
         frequencies = None
@@ -418,7 +434,7 @@ class _KeyRotation:
             )
             held[slot] = memo
             rotated = buffer[:, :, : m - first]
-        memo.seen, memo.version = link.layer.keys, link.layer.keys._version
+        memo.seen, memo.version = link.layer.keys, _version(link.layer.keys)
         memo.mask = None if mask is None else mask.clone()
         return rotated
 
@@ -446,7 +462,7 @@ def rope_ext_attention(
             "rope_ext.patch(model, ...) (or rope_ext.from_pretrained) rather than setting the implementation by hand"
         )
     out = hook(
-        module, query, key, value, attention_mask, scaling, dropout, kwargs.get("position_ids"), kwargs.get("sliding_window")
+        module, query, key, value, attention_mask, scaling, dropout, kwargs.get("position_ids"), kwargs.get("sliding_window") or None
     )
     return out, None
 
@@ -465,8 +481,8 @@ def _remember_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> N
 def _sliding_window(module: nn.Module) -> int | None:
     """The window a module's attention is limited to (what its forward passes as ``sliding_window``)."""
     if "sliding_window" in vars(module):
-        return vars(module)["sliding_window"]
-    return getattr(getattr(module, "config", None), "sliding_window", None)
+        return vars(module)["sliding_window"] or None
+    return getattr(getattr(module, "config", None), "sliding_window", None) or None  # (0: none, as Qwen2-MoE says)
 
 
 @dataclass(eq=False)
@@ -548,6 +564,15 @@ class AttentionSetup:
 
 def attention_setup(builder: PlanBuilder, method: MethodConfig) -> AttentionSetup:
     sites = builder.sites.get(AttentionSite.kind)
+    if not sites:
+        rotary = builder.sites.get(RotarySite.kind)
+        family = rotary[0].family if rotary else "this model"
+        usable = [name for name in list_methods() if get_method_class(name).hook == HOOK_FREQUENCY]
+        raise ValueError(
+            f"{method.method}: {family}'s attention modules do not run transformers' AttentionInterface function "
+            f"(they pick SDPA or eager themselves, or there are several rotary embeddings), so attention methods "
+            f"cannot be installed; methods that work on it: {', '.join(usable)}"
+        )
     if len(sites) != 1:
         raise ValueError(f"{method.method}: this model has {len(sites)} attention sites; rope_ext handles one")
     return sites[0].replacement(builder)
@@ -586,14 +611,27 @@ def _is_attention(module: nn.Module) -> bool:
     return type(module).__name__.endswith("Attention") and isinstance(getattr(module, "layer_idx", None), int)
 
 
+@functools.cache
+def _dispatches(cls: type) -> bool:
+    """Whether an attention class's forward calls the function ``AttentionInterface`` holds for the config's
+    implementation (Falcon's picks SDPA or eager itself, so a registered function would never run)."""
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
 def attention_modules(model: nn.Module, config: Any) -> list[tuple[nn.Module, str | None]]:
-    """The attention modules of ``model`` with each one's layer type (``config.layer_types``, if any)."""
+    """The attention modules of ``model`` with each one's layer type (``config.layer_types``, if any); none
+    when they do not dispatch through ``AttentionInterface`` (the family then has no attention site)."""
     found = []
     for module in model.modules():
         if _is_attention(module):
             layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
             layer_type = layer_types[module.layer_idx] if layer_types else None
             found.append((module, layer_type))
+    if not all(_dispatches(type(module)) for module, _ in found):
+        return []
     return found
 
 
