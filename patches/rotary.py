@@ -13,10 +13,11 @@ own module beside this one.
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from torch import nn
 
-from rope_ext.hooks.attention import AttentionSite, attention_modules
+from rope_ext.hooks.attention import AttentionSite, attention_modules, dispatches_through_interface
 from rope_ext.hooks.base import Sites
 from rope_ext.hooks.rotary import RotarySite
 from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
@@ -31,7 +32,10 @@ class RotaryFamily(FamilyAdapter):
         rotary_classes: tuple[type[nn.Module], ...],
         default_layer_types: tuple[str, ...] | None = None,
         native_rope_types: frozenset[str] | None = None,
+        attention: bool = True,
     ) -> None:
+        if not attention:  # its attention never runs the registered function: frequency methods only
+            self.site_kinds = frozenset({RotarySite.kind})
         self.name = name
         self.rotary_classes = rotary_classes
         self.default_layer_types = default_layer_types
@@ -92,6 +96,16 @@ ROTARY_FAMILIES: dict[str, tuple] = {
     "starcoder2": ("starcoder2.modeling_starcoder2", "Starcoder2RotaryEmbedding"),
 }
 
+
+
+def _attention_dispatches(module) -> bool:
+    """Whether every attention class of a modeling module runs ``AttentionInterface``'s function."""
+    classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
+               if c.__module__ == module.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)]
+    return bool(classes) and all(dispatches_through_interface(c) for c in classes)
+
+
 for _name, (_module, _class, *_fields) in ROTARY_FAMILIES.items():
-    _rotary = getattr(importlib.import_module(f"transformers.models.{_module}"), _class)
-    register_family(RotaryFamily(_name, (_rotary,), **(_fields[0] if _fields else {})))
+    _modeling = importlib.import_module(f"transformers.models.{_module}")
+    _options = dict(_fields[0]) if _fields else {}
+    register_family(RotaryFamily(_name, (getattr(_modeling, _class),), attention=_attention_dispatches(_modeling), **_options))

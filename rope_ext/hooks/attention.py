@@ -612,7 +612,7 @@ def _is_attention(module: nn.Module) -> bool:
 
 
 @functools.cache
-def _dispatches(cls: type) -> bool:
+def dispatches_through_interface(cls: type) -> bool:
     """Whether an attention class's forward calls the function ``AttentionInterface`` holds for the config's
     implementation (Falcon's picks SDPA or eager itself, so a registered function would never run)."""
     try:
@@ -630,7 +630,7 @@ def attention_modules(model: nn.Module, config: Any) -> list[tuple[nn.Module, st
             layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
             layer_type = layer_types[module.layer_idx] if layer_types else None
             found.append((module, layer_type))
-    if not all(_dispatches(type(module)) for module, _ in found):
+    if not all(dispatches_through_interface(type(module)) for module, _ in found):
         return []
     return found
 
