@@ -97,7 +97,6 @@ ROTARY_FAMILIES: dict[str, tuple] = {
 }
 
 
-
 def _attention_dispatches(module) -> bool:
     """Whether every attention class of a modeling module runs ``AttentionInterface``'s function."""
     classes = [c for _, c in inspect.getmembers(module, inspect.isclass)

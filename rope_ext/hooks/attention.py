@@ -54,8 +54,6 @@ from rope_ext.methods import (
     LogNConfig,
     MethodConfig,
     WindowConfig,
-    get_method_class,
-    list_methods,
 )
 
 logger = logging.get_logger(__name__)
@@ -420,10 +418,8 @@ class _KeyRotation:
         if memo is not None and memo.extends(link, self.hook, rule, self.inv_freq, self.attention_factor, k, first, mask):
             new = rotate(k[:, :, memo.length :], positions(j[memo.length - first :]), self.inv_freq, self.attention_factor)
             rotated = memo.extend(new, first)
-        else:  # (stale copies go before the new one is made: rows of an older batch, this slot's old one)
-            current = (id(link.before), id(link.layer.keys))
-            for stale in [key for key, other in held.items() if key == slot or id(other.seen) not in current]:
-                del held[stale]
+        else:  # (``remember_cache`` dropped the stale copies; this slot's old one goes before the new one is made)
+            held.pop(slot, None)
             buffer = k.new_empty(*k.shape[:2], m - first + GROWTH, k.shape[3])
             buffer[:, :, : m - first] = rotate(k[:, :, first:], positions(j), self.inv_freq, self.attention_factor)
             factor = self.attention_factor
@@ -564,15 +560,6 @@ class AttentionSetup:
 
 def attention_setup(builder: PlanBuilder, method: MethodConfig) -> AttentionSetup:
     sites = builder.sites.get(AttentionSite.kind)
-    if not sites:
-        rotary = builder.sites.get(RotarySite.kind)
-        family = rotary[0].family if rotary else "this model"
-        usable = [name for name in list_methods() if get_method_class(name).hook == HOOK_FREQUENCY]
-        raise ValueError(
-            f"{method.method}: {family}'s attention modules do not run transformers' AttentionInterface function "
-            f"(they pick SDPA or eager themselves, or there are several rotary embeddings), so attention methods "
-            f"cannot be installed; methods that work on it: {', '.join(usable)}"
-        )
     if len(sites) != 1:
         raise ValueError(f"{method.method}: this model has {len(sites)} attention sites; rope_ext handles one")
     return sites[0].replacement(builder)
@@ -622,16 +609,13 @@ def dispatches_through_interface(cls: type) -> bool:
 
 
 def attention_modules(model: nn.Module, config: Any) -> list[tuple[nn.Module, str | None]]:
-    """The attention modules of ``model`` with each one's layer type (``config.layer_types``, if any); none
-    when they do not dispatch through ``AttentionInterface`` (the family then has no attention site)."""
+    """The attention modules of ``model`` with each one's layer type (``config.layer_types``, if any)."""
     found = []
     for module in model.modules():
         if _is_attention(module):
             layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
             layer_type = layer_types[module.layer_idx] if layer_types else None
             found.append((module, layer_type))
-    if not all(dispatches_through_interface(type(module)) for module, _ in found):
-        return []
     return found
 
 
