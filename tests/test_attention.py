@@ -15,6 +15,7 @@ from rope_ext.attention import kernels
 from rope_ext.attention.reference import reference_attention
 from rope_ext.hooks import attention as attention_hooks
 from rope_ext.hooks.attention import HOOK_ATTR, ROTATED_ATTR, rotate, rotate_at_zero
+from rope_ext.hooks.rotary import rope_cos_sin
 from rope_ext.methods.windows import rerope_positions
 
 FAMILIES = ["llama", "qwen2", "gemma3", "gpt_neox", "phi3"]
@@ -119,6 +120,35 @@ def test_region_covers_exactly_its_pairs(grad):
         assert torch.isneginf(acc.lse[0, :, 3:][:, empty]).all() and torch.isfinite(acc.lse[0, :, 3:][:, ~empty]).all()
 
 
+def test_single_query_scores_each_region_once_and_softmaxes_the_row():
+    """Decode's accumulator: a band region, a far region scored with another query rotation and a masked piece,
+    written into one score row, against one softmax over the same scores written out; keys no region covers
+    get no weight. It takes one query only, and steps aside for gradients and a CPU half-precision cache."""
+    torch.manual_seed(0)
+    m, w = 40, 9
+    q_near, q_far = torch.randn(2, 6, 1, 8), torch.randn(2, 6, 1, 8)
+    k, v = torch.randn(2, 2, m, 8), torch.randn(2, 2, m, 8)
+    acc = kernels.SingleQuery(q_near, v)
+    kernels.region(acc, q_near, k[:, :, m - w :], v[:, :, m - w :], 0.3, m - 1, 0, w - 1, m - w)
+    kernels.region(acc, q_far, k[:, :, 5 : m - w], v[:, :, 5 : m - w], 0.3, m - 1, w, None, 5)
+    allowed = torch.arange(5) % 2 == 0
+    acc.attend(0, 1, q_far, k[:, :, :5], v[:, :, :5], 0.3, 0, allowed[None])
+    kk, vv = k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)
+    scores = torch.cat([(q_far @ kk[:, :, : m - w].transpose(-1, -2)), q_near @ kk[:, :, m - w :].transpose(-1, -2)], -1)
+    scores = (scores * 0.3).masked_fill(torch.cat([~allowed, torch.zeros(m - 5, dtype=torch.bool)]), float("-inf"))
+    torch.testing.assert_close(acc.out, torch.softmax(scores, -1) @ vv, rtol=0, atol=2e-6)
+    half = kernels.SingleQuery(q_near, v)
+    kernels.region(half, q_near, k[:, :, m - w :], v[:, :, m - w :], 0.3, m - 1, 0, w - 1, m - w)
+    expected = torch.softmax(q_near @ kk[:, :, m - w :].transpose(-1, -2) * 0.3, -1) @ vv[:, :, m - w :]
+    torch.testing.assert_close(half.out, expected, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="one query"):
+        acc.attend(0, 2, torch.randn(2, 6, 2, 8), k, v, 0.3, 0)
+    assert kernels.SingleQuery.applies(q_near, k)
+    assert not kernels.SingleQuery.applies(torch.randn(2, 6, 2, 8), k)
+    assert not kernels.SingleQuery.applies(q_near.requires_grad_(), k)
+    assert not kernels.SingleQuery.applies(q_near.detach().bfloat16(), k.bfloat16())
+
+
 def test_rotate_at_zero_is_rotate_at_position_zero():
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 6, 2).float() / 6))  # 6 rotary dims of 8: partial rotary
     x = torch.randn(2, 3, 10, 8)
@@ -138,6 +168,38 @@ def test_rotate_matches_transformers():
     emb = torch.cat((freqs, freqs), -1)
     expected, _ = apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
     assert torch.equal(rotate(x, positions, inv_freq, 1.0), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotate_in_place_is_bit_exact_with_transformers_formula(dtype):
+    """``rotate`` writes ``x * cos + rotate_half(x) * sin`` without temporaries; bit for bit the formula as
+    transformers computes it (rope_cos_sin's float32 tables cast to the dtype), for partial rotary, a tensor
+    attention factor, non-contiguous input and an ``out`` that is a slice of a larger buffer."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    torch.manual_seed(0)
+    for rotary_dims, factor in [(16, 1.0), (12, 1.3), (16, torch.tensor(0.87))]:
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dims, 2).float() / rotary_dims))
+        x = (torch.randn(2, 3, 40, 16) * 7).to(dtype).transpose(1, 2).contiguous().transpose(1, 2)[:, :, 5:]
+        positions = torch.arange(100, 135).float() * 3.5
+        cos, sin = rope_cos_sin(positions[None], inv_freq, factor)
+        cos, sin = cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+        head = x[..., :rotary_dims]
+        expected = torch.cat((head * cos + rotate_half(head) * sin, x[..., rotary_dims:]), -1)
+        assert torch.equal(rotate(x, positions, inv_freq, factor), expected)
+        buffer = torch.full((2, 3, 50, 16), float("nan"), dtype=dtype)
+        written = rotate(x, positions, inv_freq, factor, out=buffer[:, :, 10:45])
+        assert written.data_ptr() == buffer[:, :, 10:45].data_ptr() and torch.equal(buffer[:, :, 10:45], expected)
+        assert buffer[:, :, :10].isnan().all() and buffer[:, :, 45:].isnan().all()
+        if dtype == torch.float32:  # with gradients (out of place): the same values, and the formula's gradient
+            leaf = x.detach().requires_grad_()
+            rotated = rotate(leaf, positions, inv_freq, factor)
+            assert torch.equal(rotated, expected)
+            rotated.square().sum().backward()
+            reference = x.detach().requires_grad_()
+            head = reference[..., :rotary_dims]
+            torch.cat((head * cos + rotate_half(head) * sin, reference[..., rotary_dims:]), -1).square().sum().backward()
+            torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-6, atol=1e-6)
 
 
 # --- the fast path against the reference, in whole models --------------------------------------
@@ -276,10 +338,10 @@ def test_decode_rotates_only_the_new_keys(models, method, options, monkeypatch):
         rotated_sizes = []
         real_rotate = attention_hooks.rotate
 
-        def counting(x, positions, inv_freq, factor):
+        def counting(x, positions, inv_freq, factor, out=None):
             if x.shape[1] == model.config.num_key_value_heads:  # keys (queries have all heads)
                 rotated_sizes.append(x.shape[2])
-            return real_rotate(x, positions, inv_freq, factor)
+            return real_rotate(x, positions, inv_freq, factor, out=out)
 
         monkeypatch.setattr(attention_hooks, "rotate", counting)
         kept_steps = torch.cat([first, _decode(model, cache, steps[:, 1:])], 1)

@@ -12,6 +12,9 @@ Each is covered by a few exact attention calls that the flash kernel runs at ful
 
 Each call returns its output and log-sum-exp; ``Accumulator`` merges them:
 ``out = sum_r exp(lse_r - lse) out_r`` with ``lse = logsumexp_r lse_r``, exactly the softmax over the union.
+One query per row (decode) needs no merging: the regions of a single query split its keys, so
+``SingleQuery`` writes each region's scores into one score row over all keys and takes one softmax and one
+product with the values (a few small matmuls instead of a flash call per region).
 
 Calls go to ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` on CPU (it returns the LSE,
 takes GQA key/value heads as they are, skips the blocks a causal call never needs), and to a plain
@@ -107,6 +110,11 @@ class Accumulator:
         self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=torch.float32, device=q.device)
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
 
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal: bool = False) -> None:
+        """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
+        ``lse_attention``."""
+        self.add(a, b, *lse_attention(q, k, v, scale, allowed, causal))
+
     def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
         old_out, old_lse = self.out[:, :, start:stop], self.lse[:, :, start:stop]
         new_lse = torch.logaddexp(old_lse, lse)
@@ -123,8 +131,44 @@ class Accumulator:
         self.lse[:, :, start:stop] = new_lse
 
 
+class SingleQuery:
+    """``Accumulator`` for one query per row over all the keys ``v [b, hk, m, d]`` of the call: each
+    ``attend`` writes its scores (float32) into ``scores [b, h, 1, m]`` at the keys it covers; ``out`` is the
+    softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the regions of one query do
+    (keys no call covers get no weight)."""
+
+    def __init__(self, q: torch.Tensor, v: torch.Tensor) -> None:
+        self.v = v
+        self.scores = torch.full((*q.shape[:2], 1, v.shape[2]), float("-inf"), dtype=torch.float32, device=q.device)
+
+    @staticmethod
+    def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+        """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
+        half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save)."""
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        return q.shape[2] == 1 and not needs_grad and (q.dtype == torch.float32 or not _use_flash(q, k))
+
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal: bool = False) -> None:
+        if (a, b) != (0, 1) or causal and k.shape[2] != 1:
+            raise ValueError(f"SingleQuery takes the one query 0..1, got {a}..{b} (causal={causal})")
+        batch, heads, _, dim = q.shape
+        groups = heads // k.shape[1]
+        scores = q.float().reshape(batch, k.shape[1], groups, dim) @ k.float().transpose(-1, -2)  # [b, hk, g, keys]
+        scores = scores.reshape(batch, heads, 1, -1) * scale
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        self.scores[..., first_key : first_key + k.shape[2]] = scores
+
+    @property
+    def out(self) -> torch.Tensor:
+        batch, heads, _, m = self.scores.shape
+        hk = self.v.shape[1]
+        weights = torch.softmax(self.scores, dim=-1).reshape(batch, hk, heads // hk, m)
+        return (weights @ self.v.float()).reshape(batch, heads, 1, self.v.shape[-1])
+
+
 def region(
-    acc: Accumulator,
+    acc: Accumulator | SingleQuery,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -168,22 +212,21 @@ class _Pieces:
         qt = self.q[:, :, a:b]
         ks = self.k[:, :, lo - self.key_offset : hi + 1 - self.key_offset]
         vs = self.v[:, :, lo - self.key_offset : hi + 1 - self.key_offset]
+        at, square = (a + self.out_offset, b + self.out_offset), hi - lo + 1 == b - a
         if kind == "all":
-            result = lse_attention(qt, ks, vs, self.scale)
-        elif kind == "causal" and hi - lo + 1 == b - a:
-            result = lse_attention(qt, ks, vs, self.scale, causal=True)
-        elif kind == "anticausal" and hi - lo + 1 == b - a:
-            result = _flipped(qt, ks, vs, self.scale)
+            self.acc.attend(*at, qt, ks, vs, self.scale, lo)
+        elif kind == "causal" and square:
+            self.acc.attend(*at, qt, ks, vs, self.scale, lo, causal=True)
+        elif kind == "anticausal" and square:  # (never one query: a band tile of one query is one "all" call)
+            self.acc.add(*at, *_flipped(qt, ks, vs, self.scale))
         else:  # clipped by the key range, or asked for: the pair rule as an explicit mask
             i = torch.arange(self.q0 + a, self.q0 + b, device=self.q.device)[:, None]
             j = torch.arange(lo, hi + 1, device=self.q.device)[None]
             allowed = j <= i - self.near
             if self.far is not None:
                 allowed &= j >= i - self.far
-            if not bool(allowed.any()):
-                return
-            result = lse_attention(qt, ks, vs, self.scale, allowed)
-        self.acc.add(a + self.out_offset, b + self.out_offset, *result)
+            if bool(allowed.any()):
+                self.acc.attend(*at, qt, ks, vs, self.scale, lo, allowed)
 
     def lower(self) -> None:
         """``key_offset <= j <= i - near``: query ``a`` sees ``a + d + 1`` keys, ``d = q0 - near - key_offset``."""

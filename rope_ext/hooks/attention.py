@@ -38,13 +38,12 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-from transformers.models.llama.modeling_llama import rotate_half
 from transformers.utils import logging
 
 from rope_ext.attention import kernels
 from rope_ext.attention.reference import method_reference, two_matrix_attention
 from rope_ext.hooks.base import HookInstaller, PlanBuilder, Site, register_hook
-from rope_ext.hooks.rotary import RopeExtRotaryEmbedding, RotarySite, rope_cos_sin
+from rope_ext.hooks.rotary import RopeExtRotaryEmbedding, RotarySite
 from rope_ext.methods import (
     HOOK_ATTENTION,
     HOOK_FREQUENCY,
@@ -64,15 +63,32 @@ ATTENTION_KEY = "rope_ext"
 HOOK_ATTR = "_rope_ext_attention"
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor) -> torch.Tensor:
-    """``x [b, h, n, d]`` rotated at ``positions [n]`` as transformers' ``apply_rotary_pos_emb`` does (cos/sin in
-    float32, cast to ``x``'s dtype; dims past the rotary dimension pass unchanged)."""
-    cos, sin = rope_cos_sin(positions[None], inv_freq, attention_factor)  # [1, n, r]
-    cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]  # [1, 1, n, r]
-    rotary = cos.shape[-1]
-    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
-    rotated = x_rot * cos + rotate_half(x_rot) * sin
-    return torch.cat((rotated, x_pass), dim=-1) if x_pass.shape[-1] else rotated
+def rotate(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x [b, h, n, d]`` rotated at ``positions [n]``, bit for bit as transformers' ``apply_rotary_pos_emb``
+    computes ``x * cos + rotate_half(x) * sin`` (cos/sin in float32, cast to ``x``'s dtype; dims past the rotary
+    dimension pass unchanged), written into ``out`` (a new tensor when ``None``) without full-size temporaries:
+    both halves of transformers' cos/sin are the same values, ``(-a) * s == -(a * s)`` and ``c + (-p) == c - p``
+    in IEEE arithmetic, so ``out = x * cos``, then ``out_lo -= x_hi * sin``, ``out_hi += x_lo * sin``."""
+    freqs = positions[:, None].float() * inv_freq.to(device=positions.device, dtype=torch.float)  # [n, r/2]
+    cos = (freqs.cos() * attention_factor).to(x.dtype)[:, None]  # [n, 1, r/2]: broadcast over both halves
+    sin = (freqs.sin() * attention_factor).to(x.dtype)
+    half = freqs.shape[-1]
+    rotary = 2 * half
+    if torch.is_grad_enabled() and x.requires_grad:  # (autograd takes no out=): the same values out of place
+        scaled = x[..., :rotary].unflatten(-1, (2, half)) * cos
+        parts = [scaled[..., 0, :] - x[..., half:rotary] * sin, scaled[..., 1, :] + x[..., :half] * sin, x[..., rotary:]]
+        rotated = torch.cat(parts, dim=-1)
+        return rotated if out is None else out.copy_(rotated)
+    if out is None:
+        out = x.new_empty(x.shape)
+    torch.mul(x[..., :rotary].unflatten(-1, (2, half)), cos, out=out[..., :rotary].unflatten(-1, (2, half)))
+    out[..., :half].sub_(x[..., half:rotary] * sin)
+    out[..., half:rotary].add_(x[..., :half] * sin)
+    if x.shape[-1] > rotary:
+        out[..., rotary:] = x[..., rotary:]
+    return out
 
 
 def rotate_at_zero(x: torch.Tensor, inv_freq: torch.Tensor, attention_factor) -> torch.Tensor:
@@ -277,7 +293,7 @@ class AttentionHook:
         n, m = q.shape[2], k.shape[2]
         q0 = m - n
         far_limit = None if sliding_window is None else sliding_window - 1
-        acc = kernels.Accumulator(q, v.shape[-1])
+        acc = kernels.SingleQuery(q, v) if kernels.SingleQuery.applies(q, k) else kernels.Accumulator(q, v.shape[-1])
         if frequencies is None:  # rotated already: plain attention
             self._plain(acc, q, k, v, scale, q0, far_limit)
             return acc.out.to(q.dtype)
@@ -372,12 +388,12 @@ class AttentionHook:
             if start >= s:
                 span = slice(start - s, start)
                 q_successive = rotate(qc, torch.clamp(within + s, max=size), inv_freq, attention_factor)
-                acc.add(a, b, *kernels.lse_attention(q_successive, k_rot[:, :, span], v[:, :, span], scale))
+                acc.attend(a, b, q_successive, k_rot[:, :, span], v[:, :, span], scale, span.start)
                 del q_successive
             if start >= 2 * s:
                 span = slice(0, start - s)
                 q_older = rotate(qc, torch.full_like(within, float(size)), inv_freq, attention_factor)
-                acc.add(a, b, *kernels.lse_attention(q_older, k_rot[:, :, span], v[:, :, span], scale))
+                acc.attend(a, b, q_older, k_rot[:, :, span], v[:, :, span], scale, span.start)
             a = b
 
 
@@ -421,7 +437,7 @@ class _KeyRotation:
         else:  # (``remember_cache`` dropped the stale copies; this slot's old one goes before the new one is made)
             held.pop(slot, None)
             buffer = k.new_empty(*k.shape[:2], m - first + GROWTH, k.shape[3])
-            buffer[:, :, : m - first] = rotate(k[:, :, first:], positions(j), self.inv_freq, self.attention_factor)
+            rotate(k[:, :, first:], positions(j), self.inv_freq, self.attention_factor, out=buffer[:, :, : m - first])
             factor = self.attention_factor
             memo = RotatedKeys(
                 self.hook, rule, self.inv_freq.detach().clone(),
