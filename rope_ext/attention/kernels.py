@@ -35,6 +35,11 @@ TILE = 1024
 FALLBACK_TILE = 512
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Scores, softmax and merged outputs: float32, or float64 for a float64 model."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and not needs_grad
@@ -50,7 +55,7 @@ def lse_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q [b, h, n, d]`` over ``k, v [b, hk, m, d]`` (``h`` a multiple of ``hk``) with an
     optional ``allowed [n, m]`` bool mask, or ``causal`` (query ``a`` sees keys ``0..a``, ``n <= m``) ->
-    ``(out [b, h, n, d] float32, lse [b, h, n] float32)``; a query with no allowed key gets ``out = 0``,
+    ``(out [b, h, n, d], lse [b, h, n])`` in float32 (float64 for float64 inputs); a query with no allowed key gets ``out = 0``,
     ``lse = -inf``."""
     if causal and allowed is not None:
         raise ValueError("lse_attention: pass either causal or an allowed mask")
@@ -73,17 +78,18 @@ def lse_attention(
 
 
 def _matmul_attention(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same, as float32 matmuls over query tiles (differentiable, any device)."""
+    """The same, as float32 (float64) matmuls over query tiles (differentiable, any device)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    k, v = k.float(), v.float()
+    dtype = accumulation_dtype(q.dtype)
+    k, v = k.to(dtype), v.to(dtype)
     n = q.shape[2]
     outs, lses = [], []
     for a in range(0, n, FALLBACK_TILE):
         b = min(n, a + FALLBACK_TILE)
         keys = b if causal else k.shape[2]  # a causal tile never needs later keys
-        scores = (q[:, :, a:b].float() @ k[:, :, :keys].transpose(-1, -2)) * scale  # [b, h, tile, keys]
+        scores = (q[:, :, a:b].to(dtype) @ k[:, :, :keys].transpose(-1, -2)) * scale  # [b, h, tile, keys]
         if causal:
             i, j = torch.arange(a, b, device=q.device)[:, None], torch.arange(keys, device=q.device)[None]
             scores = scores.masked_fill(j > i, float("-inf"))
@@ -107,8 +113,9 @@ class Accumulator:
     overwrite that result: pass tensors the caller no longer needs)."""
 
     def __init__(self, q: torch.Tensor, value_dim: int) -> None:
-        self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=torch.float32, device=q.device)
-        self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        dtype = accumulation_dtype(q.dtype)
+        self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=dtype, device=q.device)
+        self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
 
     def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal: bool = False) -> None:
         """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
@@ -133,27 +140,28 @@ class Accumulator:
 
 class SingleQuery:
     """``Accumulator`` for one query per row over all the keys ``v [b, hk, m, d]`` of the call: each
-    ``attend`` writes its scores (float32) into ``scores [b, h, 1, m]`` at the keys it covers; ``out`` is the
+    ``attend`` writes its scores (float32, float64 for float64) into ``scores [b, h, 1, m]`` at the keys it covers; ``out`` is the
     softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the regions of one query do
     (keys no call covers get no weight)."""
 
     def __init__(self, q: torch.Tensor, v: torch.Tensor) -> None:
         self.v = v
-        self.scores = torch.full((*q.shape[:2], 1, v.shape[2]), float("-inf"), dtype=torch.float32, device=q.device)
+        self.scores = torch.full((*q.shape[:2], 1, v.shape[2]), float("-inf"), dtype=accumulation_dtype(q.dtype), device=q.device)
 
     @staticmethod
     def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
         """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
         half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save)."""
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-        return q.shape[2] == 1 and not needs_grad and (q.dtype == torch.float32 or not _use_flash(q, k))
+        return q.shape[2] == 1 and not needs_grad and (q.dtype in (torch.float32, torch.float64) or not _use_flash(q, k))
 
     def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal: bool = False) -> None:
         if (a, b) != (0, 1) or causal and k.shape[2] != 1:
             raise ValueError(f"SingleQuery takes the one query 0..1, got {a}..{b} (causal={causal})")
         batch, heads, _, dim = q.shape
         groups = heads // k.shape[1]
-        scores = q.float().reshape(batch, k.shape[1], groups, dim) @ k.float().transpose(-1, -2)  # [b, hk, g, keys]
+        dtype = self.scores.dtype
+        scores = q.to(dtype).reshape(batch, k.shape[1], groups, dim) @ k.to(dtype).transpose(-1, -2)  # [b, hk, g, keys]
         scores = scores.reshape(batch, heads, 1, -1) * scale
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
@@ -164,7 +172,7 @@ class SingleQuery:
         batch, heads, _, m = self.scores.shape
         hk = self.v.shape[1]
         weights = torch.softmax(self.scores, dim=-1).reshape(batch, hk, heads // hk, m)
-        return (weights @ self.v.float()).reshape(batch, heads, 1, self.v.shape[-1])
+        return (weights @ self.v.to(weights.dtype)).reshape(batch, heads, 1, self.v.shape[-1])
 
 
 def region(

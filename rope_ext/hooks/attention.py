@@ -242,6 +242,11 @@ class AttentionHook:
             raise ValueError(f"layer {getattr(module, 'layer_idx', '?')}: a sliding-window layer cannot take {self.method.method}")
         batch, _, n, _ = query.shape
         m = key.shape[2]
+        # a sliding layer rotated here (one rotary embedding serves every layer) may keep only its last keys (a
+        # sliding cache); its plain attention depends on distances alone, so its keys count from the first it kept
+        relative = sliding_window is not None and self.method is None and self.query_scale is None
+        if relative and attention_mask is not None and attention_mask.shape[-1] > m:
+            attention_mask = attention_mask[:, -m:]
         if attention_mask is not None and attention_mask.shape[-1] != m:
             raise ValueError(
                 f"rope_ext attention got {m} cached keys but a padding mask over {attention_mask.shape[-1]}: a static "
@@ -250,6 +255,8 @@ class AttentionHook:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if link is not None and (key is not link.layer.keys or n == m):
             link = None  # not the cache's own tensor, or no cached prefix yet (a one-shot forward keeps nothing)
+        if link is not None and torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+            link = None  # autograd keeps the rotated keys it multiplied; a kept copy is later extended in place
         frequencies = None
         if self.rotary is not None:
             # the current length, as the rotary module sees it (dynamic methods follow it)
@@ -262,7 +269,7 @@ class AttentionHook:
                 "not supported; use the default dynamic cache"
             )
         # (layers left alone see relative distances only, and a sliding cache keeps just the last keys)
-        positional = self.rotary is not None and position_ids is not None
+        positional = self.rotary is not None and position_ids is not None and not relative
         if rows is None and positional and bool((position_ids[:, -1] != m - 1).any()):
             raise ValueError(
                 f"rope_ext attention takes positions from the keys ({m} of them, the last at {m - 1}), but position_ids "
@@ -414,7 +421,7 @@ class _Keep:
 @dataclass(eq=False)
 class _KeyRotation:
     """The keys of one ``_attend`` call rotated by a position rule: through the cache layer's ``RotatedKeys``
-    when the keys come from a ``DynamicLayer`` and no gradients are wanted, else afresh."""
+    when the keys come from a ``DynamicLayer`` and no gradients are wanted (``kept.link``), else afresh."""
 
     hook: AttentionHook
     kept: _Keep
@@ -426,7 +433,7 @@ class _KeyRotation:
         m = k.shape[2]
         j = torch.arange(first, m, device=k.device, dtype=torch.float32)
         link, mask = self.kept.link, self.kept.mask
-        if link is None or (torch.is_grad_enabled() and k.requires_grad):
+        if link is None:
             return rotate(k[:, :, first:], positions(j), self.inv_freq, self.attention_factor)
         held = vars(link.layer).setdefault(ROTATED_ATTR, {})
         slot = (self.kept.row, rule)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.registry import Registry
 
 #: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.hooks``; the window,
@@ -42,7 +43,9 @@ def get_method_class(name: str) -> type[MethodConfig]:
 
 
 def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> MethodConfig:
-    """Build a method config from a name plus keyword arguments, a dict with a ``"method"`` key, or a config."""
+    """Build a method config from a name plus keyword arguments, a spec such as ``"yarn:factor=4"``
+    (``rope_ext.methods.spec``; plus keyword arguments for other options), a dict with a ``"method"`` key, or a
+    config."""
     if isinstance(method, MethodConfig):
         if kwargs:
             return MethodConfig.from_dict({**method.to_dict(), **kwargs})
@@ -52,28 +55,41 @@ def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> M
             raise ValueError(f"a method dict needs a 'method' key; valid methods: {', '.join(list_methods())}")
         return MethodConfig.from_dict({**method, **kwargs})
     if isinstance(method, str):
-        cls = get_method_class(method)
-        return cls._build(kwargs)
+        parts = parse_spec(method)
+        if len(parts) > 1:
+            raise ValueError(
+                f"{method!r} combines {len(parts)} methods; pass it to rope_ext.patch or make_configs (one config each)"
+            )
+        (name, options), = parts
+        twice = sorted(set(options) & set(kwargs))
+        if twice:
+            raise ValueError(f"option(s) {', '.join(twice)} given both in {method!r} and as keyword arguments")
+        return get_method_class(name)._build({**options, **kwargs})
     raise TypeError(
-        f"method must be a name, a dict with a 'method' key, a method config or a list of those, not "
+        f"method must be a name or spec ('yarn:factor=4'), a dict with a 'method' key, a method config or a list of "
+        f"those, not "
         f"{type(method).__name__} {method!r:.60}; valid methods: {', '.join(list_methods())}"
     )
 
 
 def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
-    """One config, or several from a list (a combination: at most one method per hook kind).
+    """One config, or several from a list or a ``"+"`` spec such as ``"yarn:factor=4+dca"`` (a combination: at
+    most one method per hook kind; a list may hold such specs too).
 
     Options given as keyword arguments belong to a single method; a combination takes each method's
-    options inside its own dict or config.
+    options inside its own dict, config or spec.
     """
+    if isinstance(method, str) and len(parse_spec(method)) > 1:
+        method = [method]
     if not isinstance(method, (list, tuple)):
         return (make_config(method, **kwargs),)
+    method = [part for item in method for part in (split_spec(item.strip(), "+") if isinstance(item, str) else [item])]
     if not method:
         raise ValueError(f"give at least one method; valid methods: {', '.join(list_methods())}")
     if kwargs:
         raise ValueError(
             f"options {', '.join(sorted(kwargs))} are ambiguous for a combination of methods; give each method's "
-            'options in its own dict or config, e.g. [{"method": "yarn", "factor": 4}, "logn"]'
+            'options in its own dict, config or spec, e.g. [{"method": "yarn", "factor": 4}, "logn"] or "yarn:factor=4+logn"'
         )
     configs = tuple(make_config(item) for item in method)
     kinds: dict[str, str] = {}
