@@ -41,9 +41,10 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     ``method`` is a registered name (``rope_ext.list_methods()``) with its options as keyword arguments,
     a spec as the CLI writes it (``"yarn:factor=4"``, a combination ``"yarn:factor=4+dca"``), a dict with a
     ``"method"`` key, a config object such as ``rope_ext.methods.YarnConfig(factor=4)``, or a list of those
-    combining methods of different hook kinds (each with its options in its own spec, dict or config). Site options go in the keyword arguments too: ``layer_types=[...]`` picks the layer types of
-    models with several (Gemma 3; default ``["full_attention"]``) and ``replace_scaling=True`` lets a
-    method replace the RoPE scaling a checkpoint already has.
+    combining methods of different hook kinds (each with its options in its own spec, dict or config).
+    Site options go in the keyword arguments too: ``layer_types=[...]`` picks the layer types of models
+    with several (Gemma 3; default ``["full_attention"]``) and ``replace_scaling=True`` lets a method
+    replace the RoPE scaling a checkpoint already has.
 
     Raises ``ValueError`` on bad input, ``TypeError`` if ``model`` is not a module and ``RuntimeError`` if
     it (or part of it) is already patched; on any error the model is left untouched.
@@ -75,7 +76,10 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     except ValueError as error:
         if "unknown option" not in str(error):
             raise
-        raise ValueError(f"{error}; options of this model's sites: {', '.join(site_options)}") from None
+        raise ValueError(
+            f"{error}; this model's site options (keyword arguments of patch, not part of a method's options): "
+            f"{', '.join(site_options)}"
+        ) from None
     for config in configs:
         if config.hook not in family.hooks:
             raise ValueError(

@@ -647,6 +647,8 @@ def test_gemma3_sliding_layers_are_left_alone_by_default():
     before = logits(model, ids)
     with pytest.raises(ValueError, match=r"\['sliding_attention'\] use sliding-window .* \['full_attention'\]"):
         rope_ext.patch(model, "rerope", layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match=r"full-attention ones: \['full_attention'\]"):
+        rope_ext.patch(model, "rerope", layer_types=["sliding_attention"])
     assert torch.equal(logits(model, ids), before)
 
 

@@ -6,7 +6,6 @@ import math
 import os
 
 import pytest
-import torch
 
 import rope_ext
 from rope_ext.eval.corpus import kjv_book

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from tiny import ORIGINAL_CONTEXT, input_ids, tiny_model
+from tiny import input_ids, tiny_model
 
 import rope_ext
 from rope_ext.cli import main, parse_method_spec, parse_methods

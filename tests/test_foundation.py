@@ -534,7 +534,7 @@ def test_patched_keeps_the_bodys_exception_when_the_body_unpatched():
 
 def test_messages_name_site_options_valid_methods_and_the_patched_part():
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match=r"unknown option\(s\) layer_type; .*options of this model's sites: "
+    with pytest.raises(ValueError, match=r"unknown option\(s\) layer_type; .*site options \(keyword arguments of patch, not part of a method's options\): "
                                          r"layer_types, replace_scaling"):
         rope_ext.patch(model, "yarn", factor=2.0, layer_type=["full_attention"])
     with pytest.raises(TypeError, match=r"not NoneType None; valid methods: dca, dynamic_ntk"):

@@ -117,7 +117,7 @@ class Accumulator:
         self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=dtype, device=q.device)
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
 
-    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal: bool = False) -> None:
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
         """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
         ``lse_attention``."""
         self.add(a, b, *lse_attention(q, k, v, scale, allowed, causal))
@@ -146,16 +146,18 @@ class SingleQuery:
 
     def __init__(self, q: torch.Tensor, v: torch.Tensor) -> None:
         self.v = v
-        self.scores = torch.full((*q.shape[:2], 1, v.shape[2]), float("-inf"), dtype=accumulation_dtype(q.dtype), device=q.device)
+        shape, dtype = (*q.shape[:2], 1, v.shape[2]), accumulation_dtype(q.dtype)
+        self.scores = torch.full(shape, float("-inf"), dtype=dtype, device=q.device)
 
     @staticmethod
     def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
         """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
         half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save)."""
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-        return q.shape[2] == 1 and not needs_grad and (q.dtype in (torch.float32, torch.float64) or not _use_flash(q, k))
+        exact_enough = q.dtype in (torch.float32, torch.float64) or not _use_flash(q, k)
+        return q.shape[2] == 1 and not needs_grad and exact_enough
 
-    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal: bool = False) -> None:
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
         if (a, b) != (0, 1) or causal and k.shape[2] != 1:
             raise ValueError(f"SingleQuery takes the one query 0..1, got {a}..{b} (causal={causal})")
         batch, heads, _, dim = q.shape

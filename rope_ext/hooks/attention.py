@@ -78,8 +78,8 @@ def rotate(
     rotary = 2 * half
     if torch.is_grad_enabled() and x.requires_grad:  # (autograd takes no out=): the same values out of place
         scaled = x[..., :rotary].unflatten(-1, (2, half)) * cos
-        parts = [scaled[..., 0, :] - x[..., half:rotary] * sin, scaled[..., 1, :] + x[..., :half] * sin, x[..., rotary:]]
-        rotated = torch.cat(parts, dim=-1)
+        low, high = scaled[..., 0, :] - x[..., half:rotary] * sin, scaled[..., 1, :] + x[..., :half] * sin
+        rotated = torch.cat((low, high, x[..., rotary:]), dim=-1)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         out = x.new_empty(x.shape)
@@ -548,7 +548,7 @@ class AttentionSetup:
         configs: dict[int, Any] = {}
         sliding = sorted({t for module, t in site.modules if t in specs and _sliding_window(module) is not None}, key=str)
         if sliding and None not in specs:  # layer types the user (or the default) chose
-            full = sorted({t for module, t in site.modules if t in specs and _sliding_window(module) is None}, key=str)
+            full = sorted({t for module, t in site.modules if _sliding_window(module) is None}, key=str)
             raise ValueError(
                 f"{site.family}: layer types {sliding} use sliding-window attention, which attention methods do not "
                 f"rewrite; choose layer_types among the full-attention ones: {full}"

@@ -89,7 +89,8 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
     if kwargs:
         raise ValueError(
             f"options {', '.join(sorted(kwargs))} are ambiguous for a combination of methods; give each method's "
-            'options in its own dict, config or spec, e.g. [{"method": "yarn", "factor": 4}, "logn"] or "yarn:factor=4+logn"'
+            'options in its own dict, config or spec, e.g. [{"method": "yarn", "factor": 4}, "logn"] or '
+            '"yarn:factor=4+logn"'
         )
     configs = tuple(make_config(item) for item in method)
     kinds: dict[str, str] = {}

@@ -35,7 +35,7 @@ for the inverse frequencies. Convention: HF's ``rotate_half`` (pair ``i`` is dim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
