@@ -390,6 +390,15 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
                  "--lengths", "32,64,128", "--target-tokens", "16", "--methods", "none,pi:factor=2",
                  "--out", str(run), "--no-plot"]) == 0
     assert len((run / "ppl_records.jsonl").read_text().splitlines()) == 9
+    # the tables cover the folder: the earlier run's yarn rows stay, with pi's; a run of fewer lengths keeps them
+    assert main(["eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--min-tokens", "0",
+                 "--lengths", "128", "--target-tokens", "16", "--methods", "ntk:factor=2",
+                 "--out", str(run), "--no-plot"]) == 0
+    summary = json.loads((run / "ppl.json").read_text())["summary"]
+    assert {(r["method"], r["length"]) for r in summary} == {
+        (m, L) for m in ("none", "yarn:factor=4", "pi:factor=2") for L in (32, 64, 128)
+    } | {("ntk:factor=2", 128)}
+    assert len((run / "ppl.csv").read_text().splitlines()) == 1 + 10
 
     # another configuration is refused, then replaced with --overwrite
     assert _cli(tmp_path, checkpoint, text, "--protocol", "curve") == 2
@@ -419,6 +428,12 @@ def test_cli_passkey_and_plot(tmp_path, tiny_checkpoint, capsys):
     assert (tmp_path / "passkey.png").stat().st_size > 10_000
     assert main(["plot", str(tmp_path)]) == 0
     assert "passkey.png" in capsys.readouterr().out
+    again = ["eval", "passkey", "--model", str(checkpoint), "--methods", "pi:factor=2", "--lengths", "128",
+             "--depths", "0,1", "--trials", "2", "--out", str(tmp_path), "--no-plot"]
+    assert main(again) == 0  # the tables keep both runs
+    results = json.loads((tmp_path / "passkey.json").read_text())
+    assert {row["method"] for row in results["summary"]} == {"none", "yarn:factor=2", "pi:factor=2"}
+    assert len(results["records"]) == 2 * 2 * 2 * 2 + 2 * 2
     assert main(["plot", str(tmp_path / "empty")]) == 2
 
 

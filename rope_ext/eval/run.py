@@ -124,14 +124,16 @@ def run_perplexity(
         bar.update(sum(1 for length in plan[document.title] if skip(length)))
         _with_method(model, configs, evaluate, site_options)
     bar.close()
+    # the tables cover every record of the folder (all of one run configuration: earlier runs' methods and
+    # lengths too); the summary returned is this run's
+    kept = store.records()
+    store.write_tables(kept, summarize([PerplexityRecord(**r) for r in kept]))
     records = [
         r
-        for r in store.records()
+        for r in kept
         if r["method"] in methods and r["protocol"] == protocol and r["length"] in plan.get(r["document"], {})
     ]
-    summary = summarize([PerplexityRecord(**r) for r in records])
-    store.write_tables(records, summary)
-    return summary
+    return summarize([PerplexityRecord(**r) for r in records])
 
 
 def run_passkey(
@@ -165,8 +167,8 @@ def run_passkey(
 
         _with_method(model, configs, evaluate, site_options)
     bar.close()
+    kept = store.records()  # (the tables cover every record of the folder, as for perplexity)
+    store.write_tables(kept, summarize_passkey([PasskeyRecord(**r) for r in kept]))
     wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells}
-    records = [r for r in store.records() if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]
-    summary = summarize_passkey([PasskeyRecord(**r) for r in records])
-    store.write_tables(records, summary)
-    return summary
+    records = [r for r in kept if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]
+    return summarize_passkey([PasskeyRecord(**r) for r in records])
