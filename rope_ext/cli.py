@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rope_ext.methods.spec import METHOD_SYNTAX, parse_spec, split_spec
+from rope_ext.methods.spec import parse_spec, split_spec
 
 if TYPE_CHECKING:
     from rope_ext.methods import MethodConfig
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2,dca"
 DEFAULT_LENGTHS = "4k,8k,12k"
 DTYPES = ("float32", "bfloat16", "float16")
-SPEC_SYNTAX = f"{METHOD_SYNTAX}; or 'none' (the unpatched model)"
+
 
 def parse_method_spec(spec: str) -> list[MethodConfig]:
     """``"yarn:factor=4:beta_fast=16"`` -> ``[YarnConfig(factor=4, beta_fast=16)]``; ``"none"`` -> ``[]``;

@@ -40,9 +40,12 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _needs_grad(q: torch.Tensor, k: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+
+
 def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and not needs_grad
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and not _needs_grad(q, k)
 
 
 def lse_attention(
@@ -55,8 +58,8 @@ def lse_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q [b, h, n, d]`` over ``k, v [b, hk, m, d]`` (``h`` a multiple of ``hk``) with an
     optional ``allowed [n, m]`` bool mask, or ``causal`` (query ``a`` sees keys ``0..a``, ``n <= m``) ->
-    ``(out [b, h, n, d], lse [b, h, n])`` in float32 (float64 for float64 inputs); a query with no allowed key gets ``out = 0``,
-    ``lse = -inf``."""
+    ``(out [b, h, n, d], lse [b, h, n])`` in float32 (float64 for float64 inputs); a query with no allowed key
+    gets ``out = 0``, ``lse = -inf``."""
     if causal and allowed is not None:
         raise ValueError("lse_attention: pass either causal or an allowed mask")
     if _use_flash(q, k):
@@ -140,8 +143,8 @@ class Accumulator:
 
 class SingleQuery:
     """``Accumulator`` for one query per row over all the keys ``v [b, hk, m, d]`` of the call: each
-    ``attend`` writes its scores (float32, float64 for float64) into ``scores [b, h, 1, m]`` at the keys it covers; ``out`` is the
-    softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the regions of one query do
+    ``attend`` writes its scores (float32, float64 for float64) into ``scores [b, h, 1, m]`` at the keys it
+    covers; ``out`` is the softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the regions of one query do
     (keys no call covers get no weight)."""
 
     def __init__(self, q: torch.Tensor, v: torch.Tensor) -> None:
@@ -153,9 +156,8 @@ class SingleQuery:
     def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
         """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
         half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save)."""
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
         exact_enough = q.dtype in (torch.float32, torch.float64) or not _use_flash(q, k)
-        return q.shape[2] == 1 and not needs_grad and exact_enough
+        return q.shape[2] == 1 and not _needs_grad(q, k) and exact_enough
 
     def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
         if (a, b) != (0, 1) or causal and k.shape[2] != 1:
