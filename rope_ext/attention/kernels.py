@@ -45,7 +45,8 @@ def _needs_grad(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and not _needs_grad(q, k)
+    half_or_single = q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return q.device.type == "cpu" and half_or_single and not _needs_grad(q, k)
 
 
 def lse_attention(
@@ -144,8 +145,8 @@ class Accumulator:
 class SingleQuery:
     """``Accumulator`` for one query per row over all the keys ``v [b, hk, m, d]`` of the call: each
     ``attend`` writes its scores (float32, float64 for float64) into ``scores [b, h, 1, m]`` at the keys it
-    covers; ``out`` is the softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the regions of one query do
-    (keys no call covers get no weight)."""
+    covers; ``out`` is the softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the
+    regions of one query do (keys no call covers get no weight)."""
 
     def __init__(self, q: torch.Tensor, v: torch.Tensor) -> None:
         self.v = v
