@@ -92,22 +92,25 @@ def test_rerope_scores_depend_only_on_min_distance_and_window():
     assert torch.equal(rerope_positions(i, j, w), rel)
 
 
+@pytest.mark.parametrize("windowed", [False, True], ids=["pieces", "window"])
 @pytest.mark.parametrize("grad", [False, True], ids=["flash", "matmul"])
-def test_region_covers_exactly_its_pairs(grad):
+def test_region_covers_exactly_its_pairs(grad, windowed):
     """``region``'s decomposition (causal / anti-causal squares, cores, clipped masked pieces, the untiled lower
-    region) against one explicitly masked softmax, for bands of every width, clipped key ranges, chunked
-    queries and ``out_offset``."""
+    region) and its one-call form (``window_plan``: what CUDA flash attention runs with its window sizes, here
+    as the window's mask) against one explicitly masked softmax, for bands of every width, clipped key ranges,
+    chunked queries and ``out_offset``."""
     torch.manual_seed(0)
     for n, q0, near, far, key_offset, keys, tile in [
         (50, 0, 0, 9, 0, 50, 4), (50, 0, 0, 9, 0, 50, 64), (37, 20, 0, 15, 5, 52, 8), (40, 0, 0, 0, 0, 40, 4),
         (40, 0, 0, 1, 0, 40, 4), (30, 10, 3, 11, 0, 37, 5), (60, 0, 12, None, 0, 48, 16),
         (25, 30, 0, None, 10, 45, 16), (20, 0, 30, None, 0, 40, 16), (33, 3, 2, 40, 0, 34, 7),
         (1, 49, 0, 9, 0, 50, 4), (1, 49, 10, None, 0, 50, 4), (1, 5, 10, None, 0, 50, 4), (1, 3, 0, 9, 0, 4, 4),
+        (30, 0, 0, 9, 0, 12, 8), (30, 20, 2, 6, 0, 40, 8), (30, 20, 0, 9, 25, 10, 8), (12, 0, 5, 3, 0, 12, 4),
     ]:
         q = torch.randn(1, 4, n, 8, requires_grad=grad)
         k, v = torch.randn(1, 2, keys, 8), torch.randn(1, 2, keys, 8)
         acc = kernels.Accumulator(torch.zeros(1, 4, n + 3, 8), 8)
-        kernels.region(acc, q, k, v, 0.3, q0, near, far, key_offset, tile, out_offset=3)
+        kernels.region(acc, q, k, v, 0.3, q0, near, far, key_offset, tile, out_offset=3, windowed=windowed)
         i = torch.arange(q0, q0 + n)[:, None]
         j = torch.arange(key_offset, key_offset + keys)[None]
         allowed = (j <= i - near) & (j >= (i - far if far is not None else -1))

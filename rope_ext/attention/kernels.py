@@ -17,15 +17,20 @@ One query per row (decode) needs no merging: the regions of a single query split
 product with the values (a few small matmuls instead of a flash call per region).
 
 Calls go to ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` on CPU (it returns the LSE,
-takes GQA key/value heads as they are, skips the blocks a causal call never needs), and to a plain
-matmul-softmax over query tiles on other devices or when gradients are needed (the flash op has no
-derivative for its LSE); both are exact.
+takes GQA key/value heads as they are, skips the blocks a causal call never needs). On CUDA in float16 /
+bfloat16 a whole region is *one* call of ``torch.ops.aten._flash_attention_forward`` with window sizes (its
+window is a band around the bottom-right diagonal: ``window_plan`` maps a region onto it), and other calls go
+to the same op (unmasked or causal) or to the memory-efficient op (float32, or an explicit mask). Without
+either (other devices, float64, gradients: the ops have no derivative for their LSE) a plain matmul-softmax
+over query tiles does it; all are exact.
 
 Positions here are per row and contiguous: keys at ``0..m-1``, queries at ``q0..q0+n-1`` (the last ``n``
 keys). The attention hook compacts padded rows to this form first.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -49,6 +54,70 @@ def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.device.type == "cpu" and half_or_single and not _needs_grad(q, k)
 
 
+def _use_cuda_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """CUDA flash attention: half precision, one head size up to 256 for queries, keys and values."""
+    half = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype
+    dims = q.shape[-1] == k.shape[-1] == v.shape[-1] <= 256
+    return q.device.type == "cuda" and half and dims and not _needs_grad(q, k)
+
+
+def _use_cuda_efficient(q: torch.Tensor, k: torch.Tensor) -> bool:
+    single = q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return q.device.type == "cuda" and single and not _needs_grad(q, k)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def _use_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """cuDNN attention where SDPA itself prefers it (Hopper and later): about 1.6x the flash op's speed there."""
+    return (
+        _use_cuda_flash(q, k, v)
+        and torch.backends.cuda.cudnn_sdp_enabled()
+        and _hopper_or_later(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    )
+
+
+def _dense_cuda(q, k, v, scale, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked or square causal attention in half precision on CUDA: cuDNN (causal there is top-left: square
+    calls only) or the flash op."""
+    if _use_cudnn(q, k, v) and (not causal or q.shape[2] == k.shape[2]):
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, causal, False, scale=scale
+        )
+        return out.float(), lse.reshape(q.shape[:3])
+    return _flash_cuda(q, k, v, scale, causal=causal, right=0 if causal else -1)
+
+
+def _flash_cuda(q, k, v, scale, causal=False, left=-1, right=-1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten._flash_attention_forward`` on ``[b, h, *, d]`` tensors (GQA heads as they are): query ``a`` sees
+    key ``j`` when ``a + m - n - left <= j <= a + m - n + right`` (``-1``: no bound; ``causal``: ``right = 0``)."""
+    n, m = q.shape[2], k.shape[2]
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, n, m, 0.0, causal, False,
+        scale=scale, window_size_left=left, window_size_right=right,
+    )
+    return out.transpose(1, 2).float(), lse
+
+
+def _efficient_cuda(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten._scaled_dot_product_efficient_attention`` (no GQA: the key/value heads are repeated)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    bias = None
+    if allowed is not None:  # (the op wants the bias rows 16-byte aligned: a padded buffer, sliced)
+        n, m = allowed.shape
+        bias = torch.zeros(n, -(-m // 16) * 16, dtype=q.dtype, device=q.device)[:, :m]
+        bias = bias.masked_fill_(~allowed, float("-inf")).expand(q.shape[0], q.shape[1], n, m)
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, causal, scale=scale
+    )
+    return out.float(), lse[..., : q.shape[2]]
+
+
 def lse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -63,6 +132,8 @@ def lse_attention(
     gets ``out = 0``, ``lse = -inf``."""
     if causal and allowed is not None:
         raise ValueError("lse_attention: pass either causal or an allowed mask")
+    if causal:  # (a causal query never sees the keys after the last query's)
+        k, v = k[:, :, : q.shape[2]], v[:, :, : q.shape[2]]
     if _use_flash(q, k):
         mask = None
         if allowed is not None:
@@ -71,6 +142,10 @@ def lse_attention(
             q, k, v, dropout_p=0.0, is_causal=causal, attn_mask=mask, scale=scale
         )
         out = out.float()
+    elif allowed is None and _use_cuda_flash(q, k, v):
+        out, lse = _dense_cuda(q, k, v, scale, causal)
+    elif _use_cuda_efficient(q, k):
+        out, lse = _efficient_cuda(q, k, v, scale, allowed, causal)
     else:
         out, lse = _matmul_attention(q, k, v, scale, allowed, causal)
     if allowed is not None:
@@ -120,6 +195,17 @@ class Accumulator:
         dtype = accumulation_dtype(q.dtype)
         self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=dtype, device=q.device)
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
+        #: query ranges no call has reached yet (a first result there is stored, not merged)
+        self._fresh = [(0, q.shape[2])]
+
+    def _first_time(self, start: int, stop: int) -> bool:
+        """Whether ``start..stop-1`` is reached for the first time (and mark it reached)."""
+        inside = next((r for r in self._fresh if r[0] <= start and stop <= r[1]), None)
+        for lo, hi in list(self._fresh):
+            if lo < stop and start < hi:
+                self._fresh.remove((lo, hi))
+                self._fresh += [r for r in ((lo, start), (stop, hi)) if r[0] < r[1]]
+        return inside is not None
 
     def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
         """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
@@ -127,13 +213,18 @@ class Accumulator:
         self.add(a, b, *lse_attention(q, k, v, scale, allowed, causal))
 
     def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+        grad = torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad)
+        if self._first_time(start, stop) and not grad:
+            self.out[:, :, start:stop] = out
+            self.lse[:, :, start:stop] = lse
+            return
         old_out, old_lse = self.out[:, :, start:stop], self.lse[:, :, start:stop]
         new_lse = torch.logaddexp(old_lse, lse)
         finite = torch.isfinite(new_lse)
         safe = torch.where(finite, new_lse, torch.zeros_like(new_lse))
         keep = torch.where(finite, torch.exp(old_lse - safe), torch.zeros_like(safe))
         take = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(safe))
-        if torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad):
+        if grad:
             merged = old_out * keep[..., None] + out * take[..., None]
             self.out, self.lse = self.out.clone(), self.lse.clone()  # autograd keeps the old tensors it saved
             self.out[:, :, start:stop] = merged
@@ -157,7 +248,7 @@ class SingleQuery:
     def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
         """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
         half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save)."""
-        exact_enough = q.dtype in (torch.float32, torch.float64) or not _use_flash(q, k)
+        exact_enough = q.dtype in (torch.float32, torch.float64) or not (_use_flash(q, k) or _use_cuda_flash(q, k, k))
         return q.shape[2] == 1 and not _needs_grad(q, k) and exact_enough
 
     def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
@@ -192,13 +283,25 @@ def region(
     key_offset: int = 0,
     tile: int = TILE,
     out_offset: int = 0,
+    windowed: bool | None = None,
 ) -> None:
     """Add the pairs ``i - far <= j <= i - near`` (``far=None``: no lower bound) to ``acc``.
 
     ``q [b, h, n, d]`` holds queries at positions ``q0..q0+n-1`` (rows ``out_offset..`` of ``acc``);
     ``k, v [b, hk, *, d]`` hold keys at positions ``key_offset..`` (a region that never reaches early keys
-    gets only the keys it needs).
+    gets only the keys it needs). ``windowed``: one windowed attention call (``window_plan``) instead of the
+    pieces, for an ``Accumulator``; by default where CUDA flash attention runs it.
     """
+    if windowed is None:
+        windowed = _use_cuda_flash(q, k, v)
+    if windowed and isinstance(acc, Accumulator):  # (one query per row keeps its one score row)
+        plan = window_plan(q.shape[2], q0, near, far, key_offset, k.shape[2])
+        if plan is not None:
+            a, b, lo, hi, left, right = plan
+            keys = slice(lo - key_offset, hi + 1 - key_offset)
+            result = window_attention(q[:, :, a:b], k[:, :, keys], v[:, :, keys], scale, left, right)
+            acc.add(a + out_offset, b + out_offset, *result)
+        return
     pieces = _Pieces(acc, q, k, v, scale, q0, near, far, key_offset, out_offset)
     if far is None:
         pieces.lower()
@@ -206,6 +309,55 @@ def region(
         pieces.masked_tiles(tile)
     else:
         pieces.band(min(tile, far - near))
+
+
+def window_plan(
+    n: int, q0: int, near: int, far: int | None, key_offset: int, num_keys: int
+) -> tuple[int, int, int, int, int, int] | None:
+    """The region ``i - far <= j <= i - near`` of queries at ``q0..q0+n-1`` over keys at
+    ``key_offset..key_offset+num_keys-1`` as one flash-attention window: ``(a, b, lo, hi, left, right)``, the
+    queries ``a..b-1`` that see a key (every one of them sees at least one), the keys at positions ``lo..hi``, and
+    the window around the bottom-right diagonal (see ``window_attention``); ``None`` when no query sees a key.
+
+    Query ``x`` (of ``a..b-1``) aligns with key index ``x - a + sk - sq`` (``sq = b - a``, ``sk = hi - lo + 1``);
+    it should see up to position ``q0 + x - near``, index ``x - a + q0 + a - near - lo``, so
+    ``right = q0 + b - 1 - near - hi`` (``> 0`` only when the keys end before the last query's bound) and
+    ``left = far - near - right`` (``-1``: no lower bound)."""
+    if far is not None and far < near:
+        return None
+    last_key = key_offset + num_keys - 1
+    a = max(0, key_offset + near - q0)  # the first query whose nearest bound reaches the keys
+    b = n if far is None else min(n, last_key + far - q0 + 1)  # after the last whose farthest bound does
+    if b <= a or num_keys <= 0:
+        return None
+    lo = key_offset if far is None else max(key_offset, q0 + a - far)
+    hi = min(last_key, q0 + b - 1 - near)
+    right = q0 + b - 1 - near - hi
+    left = -1 if far is None else far - near - right
+    return a, b, lo, hi, left, right
+
+
+def window_mask(n: int, m: int, left: int, right: int, device=None) -> torch.Tensor:
+    """The ``[n, m]`` pairs of a flash-attention window: ``a + m - n - left <= j <= a + m - n + right``."""
+    i = torch.arange(n, device=device)[:, None] + (m - n)
+    j = torch.arange(m, device=device)[None]
+    allowed = torch.ones(n, m, dtype=torch.bool, device=device)
+    if left >= 0:
+        allowed &= j >= i - left
+    if right >= 0:
+        allowed &= j <= i + right
+    return allowed
+
+
+def window_attention(q, k, v, scale: float, left: int, right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lse_attention`` over a flash-attention window (``window_mask``): the CUDA flash op with its window
+    sizes where it runs (no mask is built), else ``lse_attention`` with the window as a mask."""
+    if _use_cuda_flash(q, k, v):
+        square = q.shape[2] == k.shape[2]
+        if left == -1 and (right == -1 or right == 0 and square):  # no band: unmasked, or causal
+            return _dense_cuda(q, k, v, scale, causal=right == 0)
+        return _flash_cuda(q, k, v, scale, left=left, right=right)
+    return lse_attention(q, k, v, scale, window_mask(q.shape[2], k.shape[2], left, right, q.device))
 
 
 class _Pieces:

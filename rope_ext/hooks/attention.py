@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
@@ -72,8 +74,10 @@ def rotate(
     both halves of transformers' cos/sin are the same values, ``(-a) * s == -(a * s)`` and ``c + (-p) == c - p``
     in IEEE arithmetic, so ``out = x * cos``, then ``out_lo -= x_hi * sin``, ``out_hi += x_lo * sin``."""
     freqs = positions[:, None].float() * inv_freq.to(device=positions.device, dtype=torch.float)  # [n, r/2]
-    cos = (freqs.cos() * attention_factor).to(x.dtype)[:, None]  # [n, 1, r/2]: broadcast over both halves
-    sin = (freqs.sin() * attention_factor).to(x.dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    if not (isinstance(attention_factor, float | int) and attention_factor == 1):  # (times 1 is exact: no launch)
+        cos, sin = cos * attention_factor, sin * attention_factor
+    cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)  # cos [n, 1, r/2]: broadcast over both halves
     half = freqs.shape[-1]
     rotary = 2 * half
     if torch.is_grad_enabled() and x.requires_grad:  # (autograd takes no out=): the same values out of place
@@ -146,6 +150,10 @@ class RotatedKeys:
     buffer: torch.Tensor  # [b, hk, capacity, d]: the keys at positions start..length-1, then room to grow
     start: int
     length: int
+    #: the frequency tensor ``inv_freq`` was copied from and its version (the same unmodified tensor is the same
+    #: frequencies without a comparison of values, which on an accelerator waits for it)
+    source: weakref.ref | None = None
+    source_version: int | None = None
 
     def extends(self, link: CacheLink, hook, rule, inv_freq, attention_factor, k, first, mask) -> bool:
         b = self.buffer
@@ -160,12 +168,16 @@ class RotatedKeys:
             and k.dtype == b.dtype
             and k.device == b.device
             and b.is_inference() == torch.is_inference_mode_enabled()  # (an inference tensor takes no writes outside)
-            and inv_freq.shape == self.inv_freq.shape
-            and torch.equal(inv_freq, self.inv_freq)
+            and self._same_frequencies(inv_freq)
             and torch.equal(torch.as_tensor(attention_factor), torch.as_tensor(self.attention_factor))
             and (mask is None) == (self.mask is None)
             and (mask is None or (mask.numel() >= self.mask.numel() and torch.equal(mask[: self.mask.numel()], self.mask)))
         )
+
+    def _same_frequencies(self, inv_freq: torch.Tensor) -> bool:
+        if self.source is not None and self.source() is inv_freq and _version(inv_freq) == self.source_version:
+            return True
+        return inv_freq.shape == self.inv_freq.shape and torch.equal(inv_freq, self.inv_freq)
 
     def extend(self, rotated: torch.Tensor, first: int) -> torch.Tensor:
         """Append ``rotated`` (the keys from ``length`` on); returns the keys from position ``first`` on (a view
@@ -270,12 +282,8 @@ class AttentionHook:
             )
         # (layers left alone see relative distances only, and a sliding cache keeps just the last keys)
         positional = self.rotary is not None and position_ids is not None and not relative
-        if rows is None and positional and bool((position_ids[:, -1] != m - 1).any()):
-            raise ValueError(
-                f"rope_ext attention takes positions from the keys ({m} of them, the last at {m - 1}), but position_ids "
-                f"end at {position_ids[:, -1].tolist()}: a static (preallocated) cache and custom position_ids (packed "
-                "sequences, offsets) are not supported; use the default dynamic cache and an attention mask"
-            )
+        if rows is None and positional and _POSITIONS_CHECKED.get(position_ids) != m:
+            _check_positions(position_ids, m)
         if rows is not None and bool(rows.all()):
             rows = None
         if rows is None:
@@ -366,7 +374,7 @@ class AttentionHook:
             k_band = keys.at("position", k, _same, first=band_start)
         kernels.region(acc, q_std, k_band, v[:, :, band_start:], scale, q0, 0, w - 1, band_start, self.tile)
         del q_std, k_band  # (peak memory: one rotated copy of the queries at a time)
-        if far_keys <= 0 or q_pos[-1] < w:
+        if far_keys <= 0 or m - 1 < w:  # (the last query is at m - 1)
             return
         if k_std is not None:
             k_far = k_std[:, :, :far_keys]
@@ -402,6 +410,21 @@ class AttentionHook:
                 q_older = rotate(qc, torch.full_like(within, float(size)), inv_freq, attention_factor)
                 acc.attend(a, b, q_older, k_rot[:, :, span], v[:, :, span], scale, span.start)
             a = b
+
+
+#: position_ids tensors found to end at the last key (their key count): every layer of a forward gets the same
+#: tensor, and only the first compares it (a comparison on an accelerator waits for the device)
+_POSITIONS_CHECKED = WeakIdKeyDictionary()
+
+
+def _check_positions(position_ids: torch.Tensor, m: int) -> None:
+    if bool((position_ids[:, -1] != m - 1).any()):
+        raise ValueError(
+            f"rope_ext attention takes positions from the keys ({m} of them, the last at {m - 1}), but position_ids "
+            f"end at {position_ids[:, -1].tolist()}: a static (preallocated) cache and custom position_ids (packed "
+            "sequences, offsets) are not supported; use the default dynamic cache and an attention mask"
+        )
+    _POSITIONS_CHECKED[position_ids] = m
 
 
 def _same(positions: torch.Tensor) -> torch.Tensor:
@@ -449,7 +472,7 @@ class _KeyRotation:
             memo = RotatedKeys(
                 self.hook, rule, self.inv_freq.detach().clone(),
                 factor.detach().clone() if isinstance(factor, torch.Tensor) else factor,
-                None, link.layer.keys, -1, buffer, first, m,
+                None, link.layer.keys, -1, buffer, first, m, weakref.ref(self.inv_freq), _version(self.inv_freq),
             )
             held[slot] = memo
             rotated = buffer[:, :, : m - first]
