@@ -706,7 +706,7 @@ def test_two_attention_methods_are_refused_but_logn_combines():
     with pytest.raises(ValueError, match="both 'attention' methods"):
         rope_ext.patch(model, ["rerope", "dca"])
     rope_ext.patch(model, ["dca", "logn", {"method": "yarn", "factor": 2}])
-    assert [m.method for m in rope_ext.get_patch(model)] == ["dca", "logn", "yarn"]
+    assert [m.method for m in rope_ext.get_patch(model)] == ["yarn", "dca", "logn"]  # frequency, attention, scale
     rope_ext.unpatch(model)
 
 
@@ -724,9 +724,20 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
             assert torch.equal(logits(model, ids), expected)
     with rope_ext.patched(model, "dca:local_window=4", chunk_size=12):
         assert rope_ext.get_patch(model) == rope_ext.methods.DualChunkConfig(chunk_size=12, local_window=4)
+    # keyword options go to the one method that has them; a combination's configs come frequency first
+    for spec, options in [("dca+yarn", {"factor": 4, "local_window": 4}), (["yarn"], {"factor": 4}),
+                          (["dca:local_window=4", "yarn:factor=4"], {}), ("yarn:factor=4+dca", {"local_window": 4})]:
+        with rope_ext.patched(model, spec, **options):
+            assert rope_ext.get_patch(model) == (configs if spec != ["yarn"] else configs[0])
+    with rope_ext.patched(model, "logn+yarn", factor=4, original_max_position_embeddings=32):  # a model fact: both
+        assert [c.original_max_position_embeddings for c in rope_ext.get_patch(model)] == [32, 32]
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
-        ("yarn:factor=4+dca", {"local_window": 5}, "ambiguous for a combination"),
+        ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
+                                               r"\(yarn: factor, .*; dca: chunk_size, local_window, mscale\)"),
+        ("yarn:factor=4+dca", {"nosuch": 1}, "nosuch is an option of none of the methods combined"),
+        ("dca+yarn:factor=4", {"factor": 2}, "factor given both"),
+        ("self_extend:G=4,W=16", {}, r"options are separated by ':' \(e.g. self_extend:G=4:W=16\)"),
         ("yarn:factor=4+nosuch", {}, "valid methods: .*dca"),
         ("yarn:factor", {}, "malformed method option"),
         ("rerope+dca", {}, "both 'attention' methods"),
@@ -744,6 +755,39 @@ def test_all_sliding_model_is_refused():
     with pytest.raises(ValueError, match="sliding-window"):
         rope_ext.patch(model, "rerope")
     assert model.config._attn_implementation == "sdpa"
+
+
+def _layers(family, layers, **config):
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(family)
+    cfg.num_hidden_layers = layers
+    for name, value in config.items():
+        setattr(cfg, name, value)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_layers_without_rope_are_left_alone():
+    """SmolLM3 applies no rotary embedding in its ``no_rope_layers`` (NoPE): the attention hook must not rotate
+    their queries and keys (a window past the sequence gives the unpatched logits; fast == reference); EXAONE 4's
+    hybrid model, NoPE full layers and sliding ones, has no layer for an attention method and says why."""
+    model = _layers("smollm3", 4, no_rope_layers=[1, 1, 1, 0], layer_types=["full_attention"] * 4)
+    ids = input_ids(2 * L + 9)
+    unpatched = logits(model, ids[:, : L - 4])
+    with rope_ext.patched(model, "rerope", w=L - 1):  # a window past the sequence
+        assert [hook.rotary is None for hook in _hooks(model)] == [False, False, False, True]
+        torch.testing.assert_close(logits(model, ids[:, : L - 4]), unpatched, rtol=0, atol=2e-5)
+    with rope_ext.patched(model, "self_extend", G=4, W=8):
+        _set(model, tile=16)
+        fast = logits(model, ids)
+        _set(model, path="reference")
+        torch.testing.assert_close(fast, logits(model, ids), rtol=0, atol=2e-5)
+    hybrid = _layers("exaone4", 4, sliding_window=32, layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    with pytest.raises(ValueError, match=r"exaone4: 1 of its 4 layers use no positional encoding \(NoPE\) and the "
+                                         "others sliding-window attention"):
+        rope_ext.patch(hybrid, "dca")
+    assert rope_ext.get_patch(hybrid) is None
 
 
 def test_static_cache_and_softcapping_are_refused_clearly():

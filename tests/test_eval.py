@@ -192,6 +192,7 @@ def test_method_specs_take_json_values_and_combinations():
     assert parse_method_spec(" none ") == []
     assert parse_method_spec("yarn:factor=4:beta_fast=16") == [make_config("yarn", factor=4, beta_fast=16)]
     assert parse_method_spec("yarn:factor=1e+1:attention_factor=null") == [make_config("yarn", factor=10.0)]
+    assert parse_method_spec("yarn:factor=4:truncate=False:mscale=None") == [make_config("yarn", factor=4, truncate=False)]
     (longrope,) = parse_method_spec("longrope:factor=2:long_factor=[1,1.5,2]")
     assert longrope.long_factor == (1.0, 1.5, 2.0)
     with pytest.raises(ValueError, match=r"'yarn' and 'pi' are both 'frequency' methods"):  # one per hook kind

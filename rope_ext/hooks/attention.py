@@ -522,9 +522,20 @@ def _remember_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> N
 
 def _sliding_window(module: nn.Module) -> int | None:
     """The window a module's attention is limited to (what its forward passes as ``sliding_window``)."""
+    if vars(module).get("is_sliding") is False:  # (EXAONE 4 keeps the config's window on its full layers too)
+        return None
     if "sliding_window" in vars(module):
         return vars(module)["sliding_window"] or None
     return getattr(getattr(module, "config", None), "sliding_window", None) or None  # (0: none, as Qwen2-MoE says)
+
+
+def _no_rope(module: nn.Module) -> bool:
+    """Whether the module's forward applies no rotary embedding (NoPE): SmolLM3's layers whose ``use_rope`` is
+    off, EXAONE 4's full-attention layers in a hybrid (sliding-window) model."""
+    attrs = vars(module)
+    if "use_rope" in attrs:
+        return not attrs["use_rope"]
+    return attrs.get("is_sliding") is False and attrs.get("sliding_window") is not None
 
 
 @dataclass(eq=False)
@@ -576,8 +587,12 @@ class AttentionSetup:
                 f"{site.family}: layer types {sliding} use sliding-window attention, which attention methods do not "
                 f"rewrite; choose layer_types among the full-attention ones: {full}"
             )
+        no_rope = 0
         for module, layer_type in site.modules:
-            if layer_type in specs or None in specs:
+            if _no_rope(module):  # positions never reach it: plain attention on what it gets
+                hook = AttentionHook(None, layer_type, 0)
+                no_rope += 1
+            elif layer_type in specs or None in specs:
                 key = layer_type if layer_type in specs else None  # one rotary embedding serves every layer
                 hook = AttentionHook(rotary, key, specs[key].original_max_position_embeddings)
                 if _sliding_window(module) is None:
@@ -596,6 +611,9 @@ class AttentionSetup:
             configs[id(module.config)] = module.config
         if not setup.hooks:
             raise ValueError(
+                f"{site.family}: {no_rope} of its {len(site.modules)} layers use no positional encoding (NoPE) and "
+                "the others sliding-window attention, which attention methods leave alone: no layer to rewrite"
+                if no_rope else
                 f"{site.family}: every layer of this model uses sliding-window attention; attention methods apply "
                 "to full-attention layers"
             )

@@ -76,8 +76,8 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
     """One config, or several from a list or a ``"+"`` spec such as ``"yarn:factor=4+dca"`` (a combination: at
     most one method per hook kind; a list may hold such specs too).
 
-    Options given as keyword arguments belong to a single method; a combination takes each method's
-    options inside its own dict, config or spec.
+    Options given as keyword arguments go to the method that has them (an option of several methods of a
+    combination goes inside its own dict, config or spec). A combination's configs come in ``HOOK_ORDER``.
     """
     if isinstance(method, str) and len(parse_spec(method)) > 1:
         method = [method]
@@ -86,13 +86,9 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
     method = [part for item in method for part in (split_spec(item.strip(), "+") if isinstance(item, str) else [item])]
     if not method:
         raise ValueError(f"give at least one method; valid methods: {', '.join(list_methods())}")
-    if kwargs:
-        raise ValueError(
-            f"options {', '.join(sorted(kwargs))} are ambiguous for a combination of methods; give each method's "
-            'options in its own dict, config or spec, e.g. [{"method": "yarn", "factor": 4}, "logn"] or '
-            '"yarn:factor=4+logn"'
-        )
-    configs = tuple(make_config(item) for item in method)
+    if len(method) == 1:
+        return (make_config(method[0], **kwargs),)
+    configs = tuple(make_config(item, **options) for item, options in zip(method, _share_options(method, kwargs)))
     kinds: dict[str, str] = {}
     for config in configs:
         if config.hook in kinds:
@@ -101,7 +97,55 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
                 "takes at most one method per hook kind"
             )
         kinds[config.hook] = config.method
-    return configs
+    return tuple(sorted(configs, key=lambda config: _hook_rank(config.hook)))
+
+
+#: the order of a combination's configs (``get_patch``, saved configs): the rotation, then the attention
+#: computed with it, then what scales it; kinds not listed follow in the order given
+HOOK_ORDER = (HOOK_FREQUENCY, "attention", "query_scale")
+
+
+def _hook_rank(hook: str) -> int:
+    return HOOK_ORDER.index(hook) if hook in HOOK_ORDER else len(HOOK_ORDER)
+
+
+def _method_class(item: Any) -> type[MethodConfig]:
+    if isinstance(item, MethodConfig):
+        return type(item)
+    if isinstance(item, dict):
+        if "method" not in item:
+            raise ValueError(f"a method dict needs a 'method' key; valid methods: {', '.join(list_methods())}")
+        return get_method_class(item["method"])
+    if isinstance(item, str):
+        return get_method_class(parse_spec(item)[0][0])
+    return make_config(item).__class__  # (raises the TypeError that names what a method may be)
+
+
+#: options that describe the model rather than a method: a combination gives them to every method that has them
+SHARED_OPTIONS = frozenset({"original_max_position_embeddings"})
+
+
+def _share_options(items: list[Any], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Keyword options of a combination, each to the one method that has it (``"yarn+dca", factor=4``)."""
+    shares: list[dict[str, Any]] = [{} for _ in items]
+    if not kwargs:
+        return shares
+    classes = [_method_class(item) for item in items]
+    for key, value in kwargs.items():
+        takers = [i for i, cls in enumerate(classes) if key in {f.name for f in dataclasses.fields(cls)}]
+        if key in SHARED_OPTIONS and takers:  # one fact about the model: every method that has it takes it
+            for i in takers:
+                shares[i][key] = value
+            continue
+        if len(takers) != 1:
+            where = "; ".join(f"{cls.method}: {', '.join(f.name for f in dataclasses.fields(cls))}" for cls in classes)
+            problem = "is an option of none" if not takers else "is ambiguous: an option of several"
+            raise ValueError(
+                f"{key} {problem} of the methods combined ({where}); give each method's options in its own dict, "
+                'config or spec, e.g. [{"method": "yarn", "factor": 4}, "logn"] or "yarn:factor=4+logn"'
+            )
+        shares[takers[0]][key] = value
+    return shares
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Methods written as text, the CLI's ``--methods`` syntax, which ``rope_ext.patch`` takes too:
 ``"yarn:factor=4:beta_fast=16"`` (a name, then options), ``"yarn:factor=4+dca"`` (a combination of methods of
-different hook kinds); option values are JSON (``4``, ``1.5``, ``true``, ``null``, ``[1,1.5,2]``) or else
-plain strings. Brackets, braces and double quotes protect separators inside a value."""
+different hook kinds); option values are JSON (``4``, ``1.5``, ``true``, ``null``, ``[1,1.5,2]``; Python's
+``True``, ``False``, ``None`` too) or else plain strings. Brackets, braces and double quotes protect separators
+inside a value."""
 
 from __future__ import annotations
 
@@ -44,8 +45,16 @@ def split_spec(text: str, separator: str) -> list[str]:
     return parts
 
 
+#: Python's spellings of JSON's literals, as a Python user writes them in a spec
+_PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+_COMMA_OPTION = re.compile(r",\s*[A-Za-z_]\w*\s*=")
+
+
 def parse_value(text: str) -> Any:
-    """JSON when it parses (``4``, ``1.5``, ``true``, ``null``, ``[1,1.5,2]``), else the string itself."""
+    """JSON when it parses (``4``, ``1.5``, ``true``, ``null``, ``[1,1.5,2]``; also Python's ``True``,
+    ``False``, ``None``), else the string itself."""
+    if text in _PYTHON_LITERALS:
+        return _PYTHON_LITERALS[text]
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -66,6 +75,12 @@ def parse_spec(spec: str) -> list[tuple[str, dict[str, Any]]]:
                 raise ValueError(f"malformed method option {option!r} in {spec!r}; expected {METHOD_SYNTAX}")
             if key in kwargs:
                 raise ValueError(f"option {key!r} given twice in {spec!r}")
+            if _COMMA_OPTION.search(value) and not value.startswith(("[", "{", '"')):
+                first, rest = (piece.strip() for piece in value.split(",", 1))
+                raise ValueError(
+                    f"option {option!r} in {spec!r} holds another option after a comma: options are separated by "
+                    f"':' (e.g. {name}:{key}={first}:{rest}); expected {METHOD_SYNTAX}"
+                )
             kwargs[key] = parse_value(value)
         parts.append((name, kwargs))
     return parts
