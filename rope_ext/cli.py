@@ -54,6 +54,13 @@ def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
     specs = [spec.strip() for spec in split_spec(text, ",") if spec.strip()]
     if not specs:
         raise ValueError("give at least one method, e.g. none,yarn:factor=4")
+    for before, spec in zip(specs, specs[1:]):
+        name = parse_spec(spec)[0][0] if spec else ""
+        if "=" in name:  # "self_extend:G=4,W=16": an option after a comma, read as a method
+            raise ValueError(
+                f"{spec!r} after {before!r} is an option, not a method: options are separated by ':' "
+                f"({before}:{spec}); commas separate methods"
+            )
     return {spec: parse_method_spec(spec) for spec in specs}
 
 

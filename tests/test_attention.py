@@ -210,9 +210,10 @@ def test_rotate_in_place_is_bit_exact_with_transformers_formula(dtype):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method,options", METHODS, ids=IDS)
-def test_fast_path_matches_reference(models, family, method, options):
+def test_fast_path_matches_reference(models, family, method, options, monkeypatch):
     model = models[family]
     ids = input_ids(3 * L + 7, batch=2)
+    monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)  # several query blocks, not aligned with the tiles
     with rope_ext.patched(model, method, **(options or {})):
         _set(model, tile=16)  # several tiles per region
         fast = logits(model, ids)
@@ -225,8 +226,9 @@ def test_fast_path_matches_reference(models, family, method, options):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox"])
 @pytest.mark.parametrize("method,options", METHODS[:6], ids=IDS[:6])
-def test_left_padded_batch_equals_each_row_alone(models, family, method, options):
+def test_left_padded_batch_equals_each_row_alone(models, family, method, options, monkeypatch):
     model = models[family]
+    monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)
     long, short = input_ids(2 * L + 10, seed=3), input_ids(L + 5, seed=4)
     pad = long.shape[1] - short.shape[1]
     ids = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1)])
@@ -729,14 +731,16 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
                           (["dca:local_window=4", "yarn:factor=4"], {}), ("yarn:factor=4+dca", {"local_window": 4})]:
         with rope_ext.patched(model, spec, **options):
             assert rope_ext.get_patch(model) == (configs if spec != ["yarn"] else configs[0])
-    with rope_ext.patched(model, "logn+yarn", factor=4, original_max_position_embeddings=32):  # a model fact: both
-        assert [c.original_max_position_embeddings for c in rope_ext.get_patch(model)] == [32, 32]
+    with rope_ext.patched(model, "logn+dca+yarn", factor=4, original_max_position_embeddings=32):  # a model fact
+        assert [getattr(c, "original_max_position_embeddings", None) for c in rope_ext.get_patch(model)] == [32, None, 32]
+        assert {(hook.original, hook.method.chunk_size) for hook in _hooks(model)} == {(32, 24)}  # DCA's L too
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
         ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
                                                r"\(yarn: factor, .*; dca: chunk_size, local_window, mscale\)"),
         ("yarn:factor=4+dca", {"nosuch": 1}, "nosuch is an option of none of the methods combined"),
         ("dca+yarn:factor=4", {"factor": 2}, "factor given both"),
+        ([{"method": "yarn", "factor": 2}, "dca"], {"factor": 4}, "factor given both"),
         ("self_extend:G=4,W=16", {}, r"options are separated by ':' \(e.g. self_extend:G=4:W=16\)"),
         ("yarn:factor=4+nosuch", {}, "valid methods: .*dca"),
         ("yarn:factor", {}, "malformed method option"),
@@ -788,6 +792,9 @@ def test_layers_without_rope_are_left_alone():
                                          "others sliding-window attention"):
         rope_ext.patch(hybrid, "dca")
     assert rope_ext.get_patch(hybrid) is None
+    nope = _layers("smollm3", 2, no_rope_layers=[0, 0], layer_types=["full_attention"] * 2)
+    with pytest.raises(ValueError, match=r"smollm3: all 2 of its layers use no positional encoding \(NoPE\): no layer"):
+        rope_ext.patch(nope, "rerope")
 
 
 def test_static_cache_and_softcapping_are_refused_clearly():

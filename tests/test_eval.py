@@ -27,7 +27,7 @@ from rope_ext.eval.perplexity import (
 )
 from rope_ext.eval.results import ResultStore
 from rope_ext.eval.run import run_perplexity
-from rope_ext.methods import make_config
+from rope_ext.methods import make_config, make_configs
 
 LENGTHS = [32, 64, 128, 256]
 
@@ -193,6 +193,13 @@ def test_method_specs_take_json_values_and_combinations():
     assert parse_method_spec("yarn:factor=4:beta_fast=16") == [make_config("yarn", factor=4, beta_fast=16)]
     assert parse_method_spec("yarn:factor=1e+1:attention_factor=null") == [make_config("yarn", factor=10.0)]
     assert parse_method_spec("yarn:factor=4:truncate=False:mscale=None") == [make_config("yarn", factor=4, truncate=False)]
+    for number in (".5e+1", "+5", "5.", "0.5e+1"):  # Python's spellings JSON refuses; a sign after '=' joins nothing
+        assert parse_method_spec(f"yarn:factor={number}+dca") == list(make_configs("yarn+dca", factor=5))
+    with pytest.raises(ValueError, match=r"'W=16' after 'self_extend:G=4' is an option, not a method: options are "
+                                         r"separated by ':' \(self_extend:G=4:W=16\)"):
+        parse_methods("none,self_extend:G=4,W=16")
+    with pytest.raises(ValueError, match=r"options are separated by ':' \(e.g. longrope:long_factor=\[1,2\]:short"):
+        parse_method_spec("longrope:long_factor=[1,2],short_factor=[1,1]")
     (longrope,) = parse_method_spec("longrope:factor=2:long_factor=[1,1.5,2]")
     assert longrope.long_factor == (1.0, 1.5, 2.0)
     with pytest.raises(ValueError, match=r"'yarn' and 'pi' are both 'frequency' methods"):  # one per hook kind

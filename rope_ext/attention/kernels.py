@@ -38,6 +38,14 @@ import torch
 TILE = 1024
 #: queries per matmul of the fallback path (its score block is ``FALLBACK_TILE x keys``)
 FALLBACK_TILE = 512
+#: queries per block of a far region on CPU: the block's rotated queries and output are the temporaries
+QUERY_BLOCK = 4096
+
+
+def query_block(q: torch.Tensor) -> int:
+    """How many queries of a far region to rotate and attend at once: ``QUERY_BLOCK`` on CPU (peak memory), all
+    of them elsewhere (one call: on CUDA a square causal region goes to cuDNN whole)."""
+    return QUERY_BLOCK if q.device.type == "cpu" else max(1, q.shape[2])
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -364,7 +364,6 @@ class AttentionHook:
         w = method.window
         inv_freq, attention_factor = keys.inv_freq, keys.attention_factor
         band_start = max(0, q0 - w + 1)  # the band needs only the last keys (decode rotates w of them)
-        q_std = rotate(q, q_pos, inv_freq, attention_factor)
         far_keys = m - w  # keys 0..m-w-1 can be w or more behind the last query
         if method.far_key_is_position and far_keys > 0:
             k_std = keys.at("position", k, _same)
@@ -372,8 +371,15 @@ class AttentionHook:
         else:
             k_std = None
             k_band = keys.at("position", k, _same, first=band_start)
-        kernels.region(acc, q_std, k_band, v[:, :, band_start:], scale, q0, 0, w - 1, band_start, self.tile)
-        del q_std, k_band  # (peak memory: one rotated copy of the queries at a time)
+        block = kernels.query_block(q)  # (in blocks: one block's rotated queries at a time)
+        for a in range(0, q.shape[2], block):
+            b = min(q.shape[2], a + block)
+            q_std = rotate(q[:, :, a:b], q_pos[a:b], inv_freq, attention_factor)
+            kernels.region(
+                acc, q_std, k_band, v[:, :, band_start:], scale, q0 + a, 0, w - 1, band_start, self.tile, out_offset=a
+            )
+            del q_std
+        del k_band
         if far_keys <= 0 or m - 1 < w:  # (the last query is at m - 1)
             return
         if k_std is not None:
@@ -383,8 +389,11 @@ class AttentionHook:
         else:
             k_far = keys.at(("far", method), k[:, :, :far_keys], method.far_key)
         first = max(0, w - q0)  # queries before position w have no far keys
-        q_far = rotate(q[:, :, first:], method.far_query(q_pos[first:]), inv_freq, attention_factor)
-        kernels.region(acc, q_far, k_far, v[:, :, :far_keys], scale, q0 + first, w, None, out_offset=first)
+        for a in range(first, q.shape[2], block):  # (one block's rotated queries and output at a time)
+            b = min(q.shape[2], a + block)
+            q_far = rotate(q[:, :, a:b], method.far_query(q_pos[a:b]), inv_freq, attention_factor)
+            kernels.region(acc, q_far, k_far, v[:, :, :far_keys], scale, q0 + a, w, None, out_offset=a)
+            del q_far
 
     def _dual_chunk(self, acc, method: DualChunkConfig, q, k, v, scale, q0, q_pos, keys: _KeyRotation) -> None:
         s, size = method.chunk, method.chunk_size
@@ -594,7 +603,8 @@ class AttentionSetup:
                 no_rope += 1
             elif layer_type in specs or None in specs:
                 key = layer_type if layer_type in specs else None  # one rotary embedding serves every layer
-                hook = AttentionHook(rotary, key, specs[key].original_max_position_embeddings)
+                # (L of the rotation in effect: a frequency method's own, when it states one)
+                hook = AttentionHook(rotary, key, rotary.specs[key].original_max_position_embeddings)
                 if _sliding_window(module) is None:
                     setup.hooks.append(hook)
             else:
@@ -611,6 +621,8 @@ class AttentionSetup:
             configs[id(module.config)] = module.config
         if not setup.hooks:
             raise ValueError(
+                f"{site.family}: all {no_rope} of its layers use no positional encoding (NoPE): no layer to rewrite"
+                if no_rope == len(site.modules) else
                 f"{site.family}: {no_rope} of its {len(site.modules)} layers use no positional encoding (NoPE) and "
                 "the others sliding-window attention, which attention methods leave alone: no layer to rewrite"
                 if no_rope else

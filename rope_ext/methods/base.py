@@ -44,8 +44,9 @@ def get_method_class(name: str) -> type[MethodConfig]:
 
 def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> MethodConfig:
     """Build a method config from a name plus keyword arguments, a spec such as ``"yarn:factor=4"``
-    (``rope_ext.methods.spec``; plus keyword arguments for other options), a dict with a ``"method"`` key, or a
-    config."""
+    (``rope_ext.methods.spec``; plus keyword arguments for other options), a dict with a ``"method"`` key (plus
+    keyword arguments for other options), or a config (keyword arguments replace its fields, as
+    ``dataclasses.replace`` does)."""
     if isinstance(method, MethodConfig):
         if kwargs:
             return MethodConfig.from_dict({**method.to_dict(), **kwargs})
@@ -53,6 +54,9 @@ def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> M
     if isinstance(method, dict):
         if "method" not in method:
             raise ValueError(f"a method dict needs a 'method' key; valid methods: {', '.join(list_methods())}")
+        twice = sorted(set(method) & set(kwargs))
+        if twice:
+            raise ValueError(f"option(s) {', '.join(twice)} given both in {method!r} and as keyword arguments")
         return MethodConfig.from_dict({**method, **kwargs})
     if isinstance(method, str):
         parts = parse_spec(method)

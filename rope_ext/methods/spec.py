@@ -15,7 +15,11 @@ METHOD_SYNTAX = (
     "a:x=1+b:y=2); values are JSON (4, 1.5, true, null, [1,1.5,2]) or plain strings"
 )
 
-_EXPONENT = re.compile(r"(?<![\w.])\d+(?:\.\d*)?[eE]$")  # "1e" of "1e+3": that '+' joins no methods
+_EXPONENT = re.compile(r"(?<![\w.])(?:\d+(?:\.\d*)?|\.\d+)[eE]$")  # "1e" of "1e+3": that '+' joins no methods
+#: a '+' right after one of these is a sign ("factor=+4", "[+1,+2]"), not a join
+_SIGN_AFTER = ("=", ",", "[")
+#: numbers JSON refuses but Python writes (".5", "2.", "+4", "2.e+1")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def split_spec(text: str, separator: str) -> list[str]:
@@ -34,7 +38,7 @@ def split_spec(text: str, separator: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 break
-        elif char == separator and depth == 0 and not (separator == "+" and _EXPONENT.search(text[:index])):
+        elif char == separator and depth == 0 and not (separator == "+" and _is_sign(text[:index])):
             parts.append("".join(current))
             current = []
             continue
@@ -47,7 +51,11 @@ def split_spec(text: str, separator: str) -> list[str]:
 
 #: Python's spellings of JSON's literals, as a Python user writes them in a spec
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
-_COMMA_OPTION = re.compile(r",\s*[A-Za-z_]\w*\s*=")
+_OPTION_START = re.compile(r"\s*[A-Za-z_]\w*\s*=")
+
+
+def _is_sign(before: str) -> bool:
+    return bool(_EXPONENT.search(before)) or before.rstrip().endswith(_SIGN_AFTER)
 
 
 def parse_value(text: str) -> Any:
@@ -58,6 +66,9 @@ def parse_value(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
+        if _NUMBER.fullmatch(text):
+            number = float(text)
+            return int(number) if re.fullmatch(r"[+-]?\d+", text) else number
         return text
 
 
@@ -75,11 +86,11 @@ def parse_spec(spec: str) -> list[tuple[str, dict[str, Any]]]:
                 raise ValueError(f"malformed method option {option!r} in {spec!r}; expected {METHOD_SYNTAX}")
             if key in kwargs:
                 raise ValueError(f"option {key!r} given twice in {spec!r}")
-            if _COMMA_OPTION.search(value) and not value.startswith(("[", "{", '"')):
-                first, rest = (piece.strip() for piece in value.split(",", 1))
+            pieces = [piece.strip() for piece in split_spec(value, ",")]
+            if len(pieces) > 1 and any(_OPTION_START.match(piece) for piece in pieces[1:]):
                 raise ValueError(
                     f"option {option!r} in {spec!r} holds another option after a comma: options are separated by "
-                    f"':' (e.g. {name}:{key}={first}:{rest}); expected {METHOD_SYNTAX}"
+                    f"':' (e.g. {name}:{key}={':'.join(pieces)}); expected {METHOD_SYNTAX}"
                 )
             kwargs[key] = parse_value(value)
         parts.append((name, kwargs))
