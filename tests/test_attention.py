@@ -805,6 +805,11 @@ def test_static_cache_and_softcapping_are_refused_clearly():
     ids = input_ids(20)
     with pytest.raises(ValueError, match="custom position_ids"):
         model(input_ids=ids, position_ids=torch.cat([torch.arange(10), torch.arange(10)])[None])
+    positions = torch.arange(20)[None]  # checked once per forward, not per layer: an in-place edit is seen
+    model(input_ids=ids, position_ids=positions)
+    positions[0, 10:] -= 10
+    with pytest.raises(ValueError, match="custom position_ids"):
+        model(input_ids=ids, position_ids=positions)
     rope_ext.unpatch(model)
     gemma2 = tiny_model("gemma2")
     with pytest.raises(ValueError, match="attn_logit_softcapping"):

@@ -282,7 +282,7 @@ class AttentionHook:
             )
         # (layers left alone see relative distances only, and a sliding cache keeps just the last keys)
         positional = self.rotary is not None and position_ids is not None and not relative
-        if rows is None and positional and _POSITIONS_CHECKED.get(position_ids) != m:
+        if rows is None and positional and _POSITIONS_CHECKED.get(position_ids) != (m, _version(position_ids)):
             _check_positions(position_ids, m)
         if rows is not None and bool(rows.all()):
             rows = None
@@ -421,8 +421,8 @@ class AttentionHook:
             a = b
 
 
-#: position_ids tensors found to end at the last key (their key count): every layer of a forward gets the same
-#: tensor, and only the first compares it (a comparison on an accelerator waits for the device)
+#: position_ids tensors found to end at the last key (their key count and version): every layer of a forward
+#: gets the same tensor, and only the first compares it (a comparison on an accelerator waits for the device)
 _POSITIONS_CHECKED = WeakIdKeyDictionary()
 
 
@@ -433,7 +433,8 @@ def _check_positions(position_ids: torch.Tensor, m: int) -> None:
             f"end at {position_ids[:, -1].tolist()}: a static (preallocated) cache and custom position_ids (packed "
             "sequences, offsets) are not supported; use the default dynamic cache and an attention mask"
         )
-    _POSITIONS_CHECKED[position_ids] = m
+    if _version(position_ids) is not None:  # (an inference tensor keeps no version: checked every time)
+        _POSITIONS_CHECKED[position_ids] = (m, _version(position_ids))
 
 
 def _same(positions: torch.Tensor) -> torch.Tensor:
