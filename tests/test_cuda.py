@@ -89,6 +89,30 @@ def test_regions_on_cuda_are_exact(dtype, windowed):
         torch.testing.assert_close(acc.lse[:, :, 2:][:, :, seen].double(), expected_lse[:, :, seen], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("backends", ["efficient", "math"])
+def test_regions_follow_the_sdpa_backends_switched_on(backends):
+    """With SDPA's flash (and cuDNN) backends switched off, half-precision regions run on the efficient op, or
+    with it off too on the plain matmul path; each still exact. (Written after the H100 session: not yet run on a
+    GPU.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    allowed_backends = {"efficient": [SDPBackend.EFFICIENT_ATTENTION], "math": [SDPBackend.MATH]}[backends]
+    torch.manual_seed(0)
+    with sdpa_kernel(allowed_backends):
+        for n, q0, near, far, key_offset, keys in REGIONS:
+            q = torch.randn(1, 9, n, 64, device=CUDA, dtype=torch.bfloat16)
+            k = torch.randn(1, 3, keys, 64, device=CUDA, dtype=torch.bfloat16)
+            v = torch.randn(1, 3, keys, 64, device=CUDA, dtype=torch.bfloat16)
+            assert not kernels._use_cuda_flash(q, k, v)
+            acc = kernels.Accumulator(q, 64)
+            kernels.region(acc, q, k, v, 0.125, q0, near, far, key_offset, 64)
+            i = torch.arange(q0, q0 + n, device=CUDA)[:, None]
+            j = torch.arange(key_offset, key_offset + keys, device=CUDA)[None]
+            allowed = (j <= i - near) & (j >= (i - far if far is not None else -1))
+            expected, _ = _masked_softmax(q, k, v, 0.125, allowed)
+            torch.testing.assert_close(acc.out.double(), expected, rtol=0, atol=1e-2)
+
+
 def _noise_bound(model, ids, reference_fp32, **kwargs):
     """How far the reference path in the model's dtype lands from the float32 reference: the dtype's noise."""
     _set(model, path="reference")

@@ -62,30 +62,34 @@ def _use_flash(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.device.type == "cpu" and half_or_single and not _needs_grad(q, k)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _device_capability(q: torch.Tensor) -> tuple[int, int]:
+    return _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
 def _use_cuda_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """CUDA flash attention: half precision, one head size up to 256 for queries, keys and values."""
+    """CUDA flash attention: half precision, one head size up to 256 for queries, keys and values, an Ampere or
+    later GPU, and SDPA's flash backend not switched off (``torch.backends.cuda.enable_flash_sdp``)."""
     half = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype
     dims = q.shape[-1] == k.shape[-1] == v.shape[-1] <= 256
-    return q.device.type == "cuda" and half and dims and not _needs_grad(q, k)
+    if not (q.device.type == "cuda" and half and dims and not _needs_grad(q, k)):
+        return False
+    return torch.backends.cuda.flash_sdp_enabled() and _device_capability(q) >= (8, 0)
 
 
 def _use_cuda_efficient(q: torch.Tensor, k: torch.Tensor) -> bool:
     single = q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    return q.device.type == "cuda" and single and not _needs_grad(q, k)
-
-
-@functools.lru_cache(maxsize=None)
-def _hopper_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    enabled = torch.backends.cuda.mem_efficient_sdp_enabled()
+    return q.device.type == "cuda" and single and enabled and not _needs_grad(q, k)
 
 
 def _use_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """cuDNN attention where SDPA itself prefers it (Hopper and later): about 1.6x the flash op's speed there."""
-    return (
-        _use_cuda_flash(q, k, v)
-        and torch.backends.cuda.cudnn_sdp_enabled()
-        and _hopper_or_later(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    )
+    return _use_cuda_flash(q, k, v) and torch.backends.cuda.cudnn_sdp_enabled() and _device_capability(q) >= (9, 0)
 
 
 def _dense_cuda(q, k, v, scale, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
