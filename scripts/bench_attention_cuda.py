@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_attention import _methods  # (the CPU benchmark's check of --methods; this folder is sys.path[0])
 
 from rope_ext.cli import _int_at_least, _option
 from rope_ext.eval.perplexity import parse_lengths
@@ -42,18 +43,6 @@ DEFAULT_SHAPE = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
 )
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def _methods(text: str) -> list[str]:
-    from rope_ext.methods import make_configs
-    from rope_ext.methods.spec import split_spec
-
-    specs = [spec.strip() for spec in split_spec(text, ",") if spec.strip()]
-    for spec in specs:
-        if spec in ("sdpa", "none"):
-            raise ValueError(f"{spec!r}: unpatched SDPA (and sdpa_flash) is always measured; list the methods")
-        make_configs(spec)
-    return specs
 
 
 def _model(dtype: torch.dtype):

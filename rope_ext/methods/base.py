@@ -116,13 +116,11 @@ def _hook_rank(hook: str) -> int:
 def _method_class(item: Any) -> type[MethodConfig]:
     if isinstance(item, MethodConfig):
         return type(item)
-    if isinstance(item, dict):
-        if "method" not in item:
-            raise ValueError(f"a method dict needs a 'method' key; valid methods: {', '.join(list_methods())}")
+    if isinstance(item, dict) and "method" in item:
         return get_method_class(item["method"])
     if isinstance(item, str):
         return get_method_class(parse_spec(item)[0][0])
-    return make_config(item).__class__  # (raises the TypeError that names what a method may be)
+    return type(make_config(item))  # (raises what make_config says of an item that names no method)
 
 
 #: options that describe the model rather than a method: a combination gives them to every method that has them
