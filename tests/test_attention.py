@@ -732,12 +732,22 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
         with rope_ext.patched(model, spec, **options):
             assert rope_ext.get_patch(model) == (configs if spec != ["yarn"] else configs[0])
     with rope_ext.patched(model, "logn+dca+yarn", factor=4, original_max_position_embeddings=32):  # a model fact
-        assert [getattr(c, "original_max_position_embeddings", None) for c in rope_ext.get_patch(model)] == [32, None, 32]
+        assert [c.original_max_position_embeddings for c in rope_ext.get_patch(model)] == [32, 32, 32]
         assert {(hook.original, hook.method.chunk_size) for hook in _hooks(model)} == {(32, 24)}  # DCA's L too
+    # without a frequency method the attention method states L itself (not the model's, silently)
+    for spec, options in [("dca+logn", {"original_max_position_embeddings": 32}), ("dca:original_max_position_embeddings=32", {})]:
+        with rope_ext.patched(model, spec, **options):
+            assert {(hook.original, hook.method.original, hook.method.chunk_size) for hook in _hooks(model)} == {(L, 32, 24)}
+            dca = rope_ext.get_patch(model)
+            dca = dca[0] if isinstance(dca, tuple) else dca
+            assert dca.original_max_position_embeddings == 32
+            i = torch.arange(100.0)  # mscale counts from the stated L
+            for hook in _hooks(model):
+                assert torch.equal(hook.method.query_scale(i, hook.original), rope_ext.methods.DualChunkConfig().query_scale(i, 32))
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
         ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
-                                               r"\(yarn: factor, .*; dca: chunk_size, local_window, mscale\)"),
+                                               r"\(yarn: factor, .*; dca: original_max_position_embeddings, chunk_size, local_window, mscale\)"),
         ("yarn:factor=4+dca", {"nosuch": 1}, "nosuch is an option of none of the methods combined"),
         ("dca+yarn:factor=4", {"factor": 2}, "factor given both"),
         ([{"method": "yarn", "factor": 2}, "dca"], {"factor": 4}, "factor given both"),

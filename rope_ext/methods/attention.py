@@ -8,7 +8,9 @@ attention calls merged through their log-sum-exp, so no ``n x n`` matrix is buil
 themselves are in ``rope_ext.methods.windows`` and the plain reference in ``rope_ext.attention.reference``.
 
 Options left at ``None`` are derived from the original context ``L`` when the method is installed
-(``resolved(L)``); the defaults follow each paper's reference code, scaled to ``L``.
+(``resolved(L)``); the defaults follow each paper's reference code, scaled to ``L``. ``L`` is the rotation's (a
+frequency method's stated one, else the model config's) unless the method states its own
+``original_max_position_embeddings``.
 
 Pure math: imports torch, never transformers.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -53,9 +55,23 @@ class AttentionConfig(MethodConfig):
 
     hook: ClassVar[str] = HOOK_ATTENTION
 
+    #: ``L``; ``None`` means the rotation's (a frequency method's stated one, else the model config's)
+    original_max_position_embeddings: int | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        check_context_length(self.method, self.original_max_position_embeddings)
+
     def resolved(self, original: int) -> AttentionConfig:
-        """This config with the options left at ``None`` derived from ``L = original``, checked against it."""
-        return self
+        """This config with the options left at ``None`` derived from ``L`` (its own
+        ``original_max_position_embeddings``, else ``original``), checked against it; the result states its ``L``."""
+        return dataclasses.replace(self, original_max_position_embeddings=self.original_max_position_embeddings or original)
+
+    @property
+    def original(self) -> int:
+        """``L`` of a resolved config."""
+        if self.original_max_position_embeddings is None:
+            raise ValueError(f"{self.method}: not resolved against a model's original context yet (resolved(L))")
+        return self.original_max_position_embeddings
 
     def relative(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """``rel'`` at query positions ``i`` and key positions ``j`` (broadcasting); the reference's input."""
@@ -90,12 +106,15 @@ class _WindowW(WindowConfig):
     w: int | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_int(self.method, "w", self.w, 1)
 
     def resolved(self, original: int) -> _WindowW:
+        config = super().resolved(original)
+        original = config.original
         w = self.w if self.w is not None else max(1, original // 4)
         _check_below(self.method, "w", w, original, "the original context L")
-        return dataclasses.replace(self, w=w)
+        return dataclasses.replace(config, w=w)
 
     @property
     def window(self) -> int:
@@ -163,13 +182,16 @@ class SelfExtendConfig(WindowConfig):
     G: int = 8
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_int(self.method, "W", self.W, 1)
         _check_int(self.method, "G", self.G, 1, allow_none=False)
 
     def resolved(self, original: int) -> SelfExtendConfig:
+        config = super().resolved(original)
+        original = config.original
         W = self.W if self.W is not None else max(1, original // 8)
         _check_below(self.method, "W", W, original, "the original context L")
-        return dataclasses.replace(self, W=W)
+        return dataclasses.replace(config, W=W)
 
     @property
     def window(self) -> int:
@@ -203,17 +225,20 @@ class StringConfig(WindowConfig):
     W: int | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_int(self.method, "S", self.S, 2)  # above W >= 1
         _check_int(self.method, "W", self.W, 1)
         if self.S is not None and self.W is not None and self.W >= self.S:
             raise ValueError(f"{self.method}: W={self.W} must be below S={self.S}; valid: 1..{self.S - 1}")
 
     def resolved(self, original: int) -> StringConfig:
+        config = super().resolved(original)
+        original = config.original
         S = self.S if self.S is not None else max(2, original // 3)
         _check_below(self.method, "S", S, original, "the original context L")
         W = self.W if self.W is not None else max(1, min(128, original // 16, S - 1))
         _check_below(self.method, "W", W, S, "the shift S")
-        return dataclasses.replace(self, S=S, W=W)
+        return dataclasses.replace(config, S=S, W=W)
 
     @property
     def window(self) -> int:
@@ -248,12 +273,15 @@ class DualChunkConfig(AttentionConfig):
     mscale: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_int(self.method, "chunk_size", self.chunk_size, 2)
         _check_int(self.method, "local_window", self.local_window, 1)
         if not isinstance(self.mscale, bool):
             raise ValueError(f"{self.method}: mscale must be True or False, got {self.mscale!r}")
 
     def resolved(self, original: int) -> DualChunkConfig:
+        config = super().resolved(original)
+        original = config.original
         chunk_size = self.chunk_size if self.chunk_size is not None else max(2, 3 * original // 4)
         if chunk_size > original:
             raise ValueError(
@@ -261,16 +289,19 @@ class DualChunkConfig(AttentionConfig):
             )
         local = self.local_window if self.local_window is not None else max(1, min(original // 8, chunk_size - 1))
         _check_below(self.method, "local_window", local, chunk_size, "chunk_size")
-        return dataclasses.replace(self, chunk_size=chunk_size, local_window=local)
+        return dataclasses.replace(config, chunk_size=chunk_size, local_window=local)
 
     @property
     def chunk(self) -> int:
         return self.chunk_size - self.local_window
 
     def query_scale(self, i: torch.Tensor, original: int) -> torch.Tensor | None:
+        """The mscale multiplier at query positions ``i`` (``None`` without mscale); ``L`` is the config's own
+        when it states one, else ``original``."""
         if not self.mscale:
             return None
-        return torch.clamp(0.05 * torch.log((i.to(torch.float64) + 1) / original) + 1, min=1.0) ** 2
+        length = self.original_max_position_embeddings or original
+        return torch.clamp(0.05 * torch.log((i.to(torch.float64) + 1) / length) + 1, min=1.0) ** 2
 
     def relative(self, i, j):
         return dca_positions(i, j, self.chunk_size, self.local_window)
