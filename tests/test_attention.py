@@ -735,15 +735,18 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
         assert [c.original_max_position_embeddings for c in rope_ext.get_patch(model)] == [32, 32, 32]
         assert {(hook.original, hook.method.chunk_size) for hook in _hooks(model)} == {(32, 24)}  # DCA's L too
     # without a frequency method the attention method states L itself (not the model's, silently)
-    for spec, options in [("dca+logn", {"original_max_position_embeddings": 32}), ("dca:original_max_position_embeddings=32", {})]:
+    stated = {"original_max_position_embeddings": 32}
+    for spec, options in [("dca+logn", stated), ("dca:original_max_position_embeddings=32", {})]:
         with rope_ext.patched(model, spec, **options):
-            assert {(hook.original, hook.method.original, hook.method.chunk_size) for hook in _hooks(model)} == {(L, 32, 24)}
+            hooks = _hooks(model)
+            assert {(hook.original, hook.method.original, hook.method.chunk_size) for hook in hooks} == {(L, 32, 24)}
             dca = rope_ext.get_patch(model)
             dca = dca[0] if isinstance(dca, tuple) else dca
             assert dca.original_max_position_embeddings == 32
             i = torch.arange(100.0)  # mscale counts from the stated L
-            for hook in _hooks(model):
-                assert torch.equal(hook.method.query_scale(i, hook.original), rope_ext.methods.DualChunkConfig().query_scale(i, 32))
+            expected = rope_ext.methods.DualChunkConfig().query_scale(i, 32)
+            for hook in hooks:
+                assert torch.equal(hook.method.query_scale(i, hook.original), expected)
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
         ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "

@@ -64,7 +64,8 @@ class AttentionConfig(MethodConfig):
     def resolved(self, original: int) -> AttentionConfig:
         """This config with the options left at ``None`` derived from ``L`` (its own
         ``original_max_position_embeddings``, else ``original``), checked against it; the result states its ``L``."""
-        return dataclasses.replace(self, original_max_position_embeddings=self.original_max_position_embeddings or original)
+        length = self.original_max_position_embeddings or original
+        return dataclasses.replace(self, original_max_position_embeddings=length)
 
     @property
     def original(self) -> int:
