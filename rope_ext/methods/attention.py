@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import MethodConfig, check_context_length, register_method
+from rope_ext.methods.base import HOOK_ATTENTION, HOOK_QUERY_SCALE, MethodConfig, check_context_length, register_method
 from rope_ext.methods.windows import (
     dca_positions,
     leaky_rerope_positions,
@@ -32,9 +32,6 @@ from rope_ext.methods.windows import (
     self_extend_positions,
     string_positions,
 )
-
-HOOK_ATTENTION = "attention"
-HOOK_QUERY_SCALE = "query_scale"
 
 
 def _check_int(method: str, name: str, value, low: int, *, allow_none: bool = True) -> None:

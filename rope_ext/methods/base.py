@@ -20,6 +20,9 @@ from rope_ext.registry import Registry
 #: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.hooks``; the window,
 #: bias and absolute-table methods bring kinds of their own (``attention``, ``bias``, ``absolute``).
 HOOK_FREQUENCY = "frequency"
+#: The hook kinds of the attention-rewrite methods and of query scaling (``rope_ext.methods.attention``).
+HOOK_ATTENTION = "attention"
+HOOK_QUERY_SCALE = "query_scale"
 
 _METHODS: Registry[type[MethodConfig]] = Registry("method", "valid methods")
 
@@ -106,7 +109,7 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
 
 #: the order of a combination's configs (``get_patch``, saved configs): the rotation, then the attention
 #: computed with it, then what scales it; kinds not listed follow in the order given
-HOOK_ORDER = (HOOK_FREQUENCY, "attention", "query_scale")
+HOOK_ORDER = (HOOK_FREQUENCY, HOOK_ATTENTION, HOOK_QUERY_SCALE)
 
 
 def _hook_rank(hook: str) -> int:
