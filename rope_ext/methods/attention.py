@@ -62,7 +62,11 @@ class AttentionConfig(MethodConfig):
         """This config with the options left at ``None`` derived from ``L`` (its own
         ``original_max_position_embeddings``, else ``original``), checked against it; the result states its ``L``."""
         length = self.original_max_position_embeddings or original
-        return dataclasses.replace(self, original_max_position_embeddings=length)
+        return dataclasses.replace(self._with_defaults(length), original_max_position_embeddings=length)
+
+    def _with_defaults(self, original: int) -> AttentionConfig:
+        """This config with its ``None`` options derived from ``L`` = ``original`` and checked against it."""
+        return self
 
     @property
     def original(self) -> int:
@@ -107,12 +111,10 @@ class _WindowW(WindowConfig):
         super().__post_init__()
         _check_int(self.method, "w", self.w, 1)
 
-    def resolved(self, original: int) -> _WindowW:
-        config = super().resolved(original)
-        original = config.original
+    def _with_defaults(self, original: int) -> _WindowW:
         w = self.w if self.w is not None else max(1, original // 4)
         _check_below(self.method, "w", w, original, "the original context L")
-        return dataclasses.replace(config, w=w)
+        return dataclasses.replace(self, w=w)
 
     @property
     def window(self) -> int:
@@ -184,12 +186,10 @@ class SelfExtendConfig(WindowConfig):
         _check_int(self.method, "W", self.W, 1)
         _check_int(self.method, "G", self.G, 1, allow_none=False)
 
-    def resolved(self, original: int) -> SelfExtendConfig:
-        config = super().resolved(original)
-        original = config.original
+    def _with_defaults(self, original: int) -> SelfExtendConfig:
         W = self.W if self.W is not None else max(1, original // 8)
         _check_below(self.method, "W", W, original, "the original context L")
-        return dataclasses.replace(config, W=W)
+        return dataclasses.replace(self, W=W)
 
     @property
     def window(self) -> int:
@@ -229,14 +229,12 @@ class StringConfig(WindowConfig):
         if self.S is not None and self.W is not None and self.W >= self.S:
             raise ValueError(f"{self.method}: W={self.W} must be below S={self.S}; valid: 1..{self.S - 1}")
 
-    def resolved(self, original: int) -> StringConfig:
-        config = super().resolved(original)
-        original = config.original
+    def _with_defaults(self, original: int) -> StringConfig:
         S = self.S if self.S is not None else max(2, original // 3)
         _check_below(self.method, "S", S, original, "the original context L")
         W = self.W if self.W is not None else max(1, min(128, original // 16, S - 1))
         _check_below(self.method, "W", W, S, "the shift S")
-        return dataclasses.replace(config, S=S, W=W)
+        return dataclasses.replace(self, S=S, W=W)
 
     @property
     def window(self) -> int:
@@ -277,9 +275,7 @@ class DualChunkConfig(AttentionConfig):
         if not isinstance(self.mscale, bool):
             raise ValueError(f"{self.method}: mscale must be True or False, got {self.mscale!r}")
 
-    def resolved(self, original: int) -> DualChunkConfig:
-        config = super().resolved(original)
-        original = config.original
+    def _with_defaults(self, original: int) -> DualChunkConfig:
         chunk_size = self.chunk_size if self.chunk_size is not None else max(2, 3 * original // 4)
         if chunk_size > original:
             raise ValueError(
@@ -287,7 +283,7 @@ class DualChunkConfig(AttentionConfig):
             )
         local = self.local_window if self.local_window is not None else max(1, min(original // 8, chunk_size - 1))
         _check_below(self.method, "local_window", local, chunk_size, "chunk_size")
-        return dataclasses.replace(config, chunk_size=chunk_size, local_window=local)
+        return dataclasses.replace(self, chunk_size=chunk_size, local_window=local)
 
     @property
     def chunk(self) -> int:
