@@ -766,6 +766,33 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
         rope_ext.methods.make_config("yarn:factor=4+dca")
 
 
+def test_stated_length_is_checked_against_the_model():
+    """An attention method's (or logn's) own L above the model config's is refused as a frequency method's is,
+    leaving the model as it was; a shared keyword L passes by ``pi`` (which refuses any L); ``string`` needs L >= 3."""
+    model = tiny_model("llama")
+    ids = input_ids(L + 8)
+    before = logits(model, ids)
+    too_long = {"original_max_position_embeddings": 4 * L}
+    for spec in ("rerope", "leaky_rerope", "self_extend", "string", "dca", "logn", "yarn:factor=2+dca", "dca+logn"):
+        with pytest.raises(ValueError, match=rf"original_max_position_embeddings={4 * L} exceeds the model's original "
+                                             rf"context {L} \(from its config\); valid: 2..{L}"):
+            rope_ext.patch(model, spec, **too_long)
+        assert rope_ext.get_patch(model) is None and model.config._attn_implementation == "sdpa"
+        assert torch.equal(logits(model, ids), before)
+    with rope_ext.patched(model, "pi:factor=2+dca+logn", original_max_position_embeddings=32):
+        pi, dca, logn = rope_ext.get_patch(model)
+        assert (pi.original_max_position_embeddings, dca.original_max_position_embeddings) == (None, 32)
+        assert logn.original_max_position_embeddings == 32
+        assert {hook.method.chunk_size for hook in _hooks(model)} == {24}
+    with pytest.raises(ValueError, match="pi: original_max_position_embeddings has no effect"):
+        rope_ext.patch(model, "pi:factor=2:original_max_position_embeddings=32+dca")
+    with pytest.raises(ValueError, match=r"string: S must be 2..the original context L - 1, so the original context L "
+                                         r"must be >= 3; got 2"):
+        rope_ext.patch(model, "string", original_max_position_embeddings=2)
+    assert rope_ext.get_patch(model) is None
+    assert torch.equal(logits(model, ids), before)
+
+
 def test_all_sliding_model_is_refused():
     model = tiny_model("mistral")
     model.config.sliding_window = 16

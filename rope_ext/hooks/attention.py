@@ -56,6 +56,7 @@ from rope_ext.methods import (
     MethodConfig,
     WindowConfig,
 )
+from rope_ext.methods.base import check_length_within
 
 logger = logging.get_logger(__name__)
 
@@ -202,6 +203,8 @@ class AttentionHook:
     layer_type: str | None
     #: ``L`` of this layer's rotary embedding
     original: int
+    #: ``L`` as the model's config gives it (a method's stated ``L`` may not exceed it)
+    native: int | None = None
     #: the attention method (resolved against ``L``); ``None``: plain attention (causal, or the layer's window)
     method: AttentionConfig | None = None
     query_scale: LogNConfig | None = None
@@ -605,7 +608,9 @@ class AttentionSetup:
             elif layer_type in specs or None in specs:
                 key = layer_type if layer_type in specs else None  # one rotary embedding serves every layer
                 # (L of the rotation in effect: a frequency method's own, when it states one)
-                hook = AttentionHook(rotary, key, rotary.specs[key].original_max_position_embeddings)
+                hook = AttentionHook(
+                    rotary, key, rotary.specs[key].original_max_position_embeddings, rotary_site.original_length(key)
+                )
                 if _sliding_window(module) is None:
                     setup.hooks.append(hook)
             else:
@@ -654,6 +659,7 @@ class AttentionInstaller(HookInstaller):
 
     def configure(self, hook: AttentionHook, method: MethodConfig) -> None:
         assert isinstance(method, AttentionConfig)
+        check_length_within(method.method, method.original_max_position_embeddings, hook.native)
         hook.method = method.resolved(hook.original)
 
 
@@ -664,6 +670,7 @@ class QueryScaleInstaller(AttentionInstaller):
 
     def configure(self, hook: AttentionHook, method: MethodConfig) -> None:
         assert isinstance(method, LogNConfig)
+        check_length_within(method.method, method.original_max_position_embeddings, hook.native)
         hook.query_scale = method
 
 

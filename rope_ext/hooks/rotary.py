@@ -24,6 +24,7 @@ from torch import nn
 
 from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
 from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
+from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
 
 #: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
@@ -212,11 +213,8 @@ class RotarySite(Site):
                 f"{self.family}: the checkpoint's {rope_type!r} scaling gives no original context length (its "
                 "max_position_embeddings is the extended one); pass original_max_position_embeddings=..."
             )
-        if requested and native and requested > native:
-            raise ValueError(
-                f"{method.method}: original_max_position_embeddings={requested} exceeds the model's original "
-                f"context {native} (from its config); valid: 2..{native}"
-            )
+        if method is not None:
+            check_length_within(method.method, requested, native)
         original = int(requested or native)
         if original < 2:
             raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")

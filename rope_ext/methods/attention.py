@@ -41,9 +41,13 @@ def _check_int(method: str, name: str, value, low: int, *, allow_none: bool = Tr
         raise ValueError(f"{method}: {name} must be an int >= {low}, got {value!r}")
 
 
-def _check_below(method: str, name: str, value: int, limit: int, what: str) -> None:
+def _check_below(method: str, name: str, value: int, limit: int, what: str, low: int = 1) -> None:
+    if limit <= low:
+        raise ValueError(
+            f"{method}: {name} must be {low}..{what} - 1, so {what} must be >= {low + 1}; got {limit}"
+        )
     if value >= limit:
-        raise ValueError(f"{method}: {name}={value} must be below {what} ({limit}); valid: 1..{limit - 1}")
+        raise ValueError(f"{method}: {name}={value} must be below {what} ({limit}); valid: {low}..{limit - 1}")
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,7 @@ class StringConfig(WindowConfig):
 
     def _with_defaults(self, original: int) -> StringConfig:
         S = self.S if self.S is not None else max(2, original // 3)
-        _check_below(self.method, "S", S, original, "the original context L")
+        _check_below(self.method, "S", S, original, "the original context L", low=2)
         W = self.W if self.W is not None else max(1, min(128, original // 16, S - 1))
         _check_below(self.method, "W", W, S, "the shift S")
         return dataclasses.replace(self, S=S, W=W)
@@ -310,7 +314,7 @@ class LogNConfig(MethodConfig):
     method: ClassVar[str] = "logn"
     hook: ClassVar[str] = HOOK_QUERY_SCALE
 
-    #: ``L``; ``None`` means what the model's config says
+    #: ``L``; ``None`` means the rotation's (a frequency method's stated one, else the model config's)
     original_max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:

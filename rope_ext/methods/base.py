@@ -139,7 +139,8 @@ def _share_options(items: list[Any], kwargs: dict[str, Any]) -> list[dict[str, A
     for key, value in kwargs.items():
         takers = [i for i, cls in enumerate(classes) if key in {f.name for f in dataclasses.fields(cls)}]
         if key in SHARED_OPTIONS and takers:  # one fact about the model: every method that has it takes it
-            for i in takers:
+            users = [i for i in takers if key not in classes[i].unused_shared_options]
+            for i in users or takers:  # (only methods that do not use it: let the method say so)
                 shares[i][key] = value
             continue
         if len(takers) != 1:
@@ -159,6 +160,8 @@ class MethodConfig:
 
     method: ClassVar[str]
     hook: ClassVar[str]
+    #: options of ``SHARED_OPTIONS`` this method has but refuses: a combination's keyword passes it by
+    unused_shared_options: ClassVar[frozenset[str]] = frozenset()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method}
@@ -190,6 +193,15 @@ def check_positive(method: str, name: str, value: Any, *, allow_none: bool = Fal
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{method}: {name} must be a finite number > 0, got {value!r}")
+
+
+def check_length_within(method: str, requested: int | None, native: int | None) -> None:
+    """A stated ``L`` may not exceed the model config's original context."""
+    if requested and native and requested > native:
+        raise ValueError(
+            f"{method}: original_max_position_embeddings={requested} exceeds the model's original context {native} "
+            f"(from its config); valid: 2..{native}"
+        )
 
 
 def check_context_length(method: str, value: Any) -> None:

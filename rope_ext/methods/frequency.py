@@ -225,6 +225,7 @@ class FrequencyConfig(MethodConfig):
 @dataclass(frozen=True)
 class PIConfig(FrequencyConfig):
     method: ClassVar[str] = "pi"
+    unused_shared_options: ClassVar[frozenset[str]] = frozenset({"original_max_position_embeddings"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
