@@ -115,13 +115,22 @@ def unpatch(model: ModelT) -> ModelT:
     return model
 
 
-def get_patch(model: nn.Module) -> MethodConfig | tuple[MethodConfig, ...] | None:
-    """The active method config (a tuple of configs for a combination), or ``None``."""
+def get_patch(model: nn.Module, *, resolved: bool = False) -> MethodConfig | tuple[MethodConfig, ...] | None:
+    """The active method config (a tuple of configs for a combination), or ``None``.
+
+    The configs are as given (options left at ``None`` are derived from the model when it is patched, and
+    again when a saved patch is reloaded). ``resolved=True`` returns them with the values in use instead:
+    ``get_patch(model, resolved=True)`` shows ``dca``'s derived ``chunk_size`` and every method's ``L``.
+    """
     _check_model(model)
     found = _find_state(model)
     if found is None:
         return None
-    return _describe(found[1].methods)
+    owner, state = found
+    methods = state.methods
+    if resolved:
+        methods = tuple(get_hook(config.hook).in_use(owner, config) for config in methods)
+    return _describe(methods)
 
 
 @contextlib.contextmanager

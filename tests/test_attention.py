@@ -538,6 +538,33 @@ def test_save_and_reload_restore_a_combination(tmp_path):
     assert reloaded.config._attn_implementation != "rope_ext"
 
 
+def test_get_patch_resolved_shows_the_values_in_use(tmp_path):
+    """``get_patch(model, resolved=True)``: options left at ``None`` replaced by what the hooks derived from L (the
+    record keeps them as given, so a reload derives them again), through a reload and a peft wrapper too."""
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_model("qwen2")
+    rope_ext.patch(model, ["yarn:factor=4", "dca:local_window=4", "logn"])
+    given = rope_ext.get_patch(model)
+    assert [c.original_max_position_embeddings for c in given] == [None, None, None] and given[1].chunk_size is None
+    yarn, dca, logn = rope_ext.get_patch(model, resolved=True)
+    assert yarn == rope_ext.methods.YarnConfig(factor=4, original_max_position_embeddings=L)
+    assert dca == rope_ext.methods.DualChunkConfig(original_max_position_embeddings=L, chunk_size=3 * L // 4, local_window=4)
+    assert {hook.method for hook in _hooks(model)} == {dca}
+    assert logn == rope_ext.methods.LogNConfig(original_max_position_embeddings=L)
+    model.save_pretrained(tmp_path)
+    reloaded = rope_ext.from_pretrained(tmp_path, dtype=torch.float32)
+    assert rope_ext.get_patch(reloaded) == given
+    assert rope_ext.get_patch(reloaded, resolved=True) == (yarn, dca, logn)
+    wrapped = get_peft_model(reloaded, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert rope_ext.get_patch(wrapped, resolved=True) == (yarn, dca, logn)
+    with rope_ext.patched(tiny_model("llama"), "pi:factor=2+self_extend", original_max_position_embeddings=32) as other:
+        pi, self_extend = rope_ext.get_patch(other, resolved=True)
+        assert pi == rope_ext.methods.PIConfig(factor=2)  # pi has no L
+        assert (self_extend.original_max_position_embeddings, self_extend.W, self_extend.G) == (32, 4, 8)
+    assert rope_ext.get_patch(other, resolved=True) is None
+
+
 def test_peft_wrapped_model_and_bf16_cast():
     from peft import LoraConfig, get_peft_model
 

@@ -28,9 +28,11 @@ reset or written in place is rotated afresh. Other caches (and calls without one
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -662,6 +664,12 @@ class AttentionInstaller(HookInstaller):
         check_length_within(method.method, method.original_max_position_embeddings, hook.native)
         hook.method = method.resolved(hook.original)
 
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        for hook in installed_hooks(model):
+            if hook.method is not None and type(hook.method) is type(method):
+                return hook.method
+        return method
+
 
 class QueryScaleInstaller(AttentionInstaller):
     """Query scaling (log-n): a per-position multiplier on the queries of every full-attention layer."""
@@ -672,6 +680,23 @@ class QueryScaleInstaller(AttentionInstaller):
         assert isinstance(method, LogNConfig)
         check_length_within(method.method, method.original_max_position_embeddings, hook.native)
         hook.query_scale = method
+
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        assert isinstance(method, LogNConfig)
+        if method.original_max_position_embeddings is not None:
+            return method
+        for hook in installed_hooks(model):
+            if hook.query_scale is method:
+                return dataclasses.replace(method, original_max_position_embeddings=hook.original)
+        return method
+
+
+def installed_hooks(model: nn.Module) -> Iterator[AttentionHook]:
+    """The attention hooks installed in ``model``'s modules."""
+    for module in model.modules():
+        hook = module.__dict__.get(HOOK_ATTR)
+        if isinstance(hook, AttentionHook):
+            yield hook
 
 
 register_hook(AttentionInstaller())

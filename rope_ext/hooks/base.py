@@ -184,6 +184,11 @@ class HookInstaller(ABC):
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         """Add ``method``'s edits to ``builder``; raise ``ValueError`` if the sites cannot take it."""
 
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        """``method`` as installed in ``model`` (patched by it): its options left at ``None`` replaced by the
+        values the hooks derived from the model (``L``, windows...). The default: ``method`` itself."""
+        return method
+
 
 _HOOKS: Registry[HookInstaller] = Registry("hook kind", "hook kinds with an installer")
 

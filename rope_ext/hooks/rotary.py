@@ -16,6 +16,7 @@ sliding-window layers by default) go to the original module, kept as ``.original
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -344,6 +345,18 @@ class FrequencyInstaller(HookInstaller):
             from rope_ext.hooks.attention import attention_setup
 
             attention_setup(builder, method)
+
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        assert isinstance(method, FrequencyConfig)
+        if method.original_max_position_embeddings is not None or (
+            "original_max_position_embeddings" in method.unused_shared_options
+        ):
+            return method
+        for module in model.modules():
+            if isinstance(module, RopeExtRotaryEmbedding) and module.method is method and module.specs:
+                original = next(iter(module.specs.values())).original_max_position_embeddings
+                return dataclasses.replace(method, original_max_position_embeddings=original)
+        return method
 
     def _config_edits(
         self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
