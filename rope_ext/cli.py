@@ -138,8 +138,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
     for name in list_methods():
         cls = get_method_class(name)
-        options = ", ".join(f.name for f in dataclasses.fields(cls))
-        print(f"{name:14s} hook={cls.hook:10s} options: {options}")
+        options = ", ".join(cls.option_names())
+        print(f"{name:14s} hook={cls.hook:11s} options: {options}")
     return 0
 
 

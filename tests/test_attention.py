@@ -777,7 +777,7 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
         ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
-                                               r"\(yarn: factor, .*; dca: original_max_position_embeddings, chunk_size, local_window, mscale\)"),
+                                               r"\(yarn: factor, .*; dca: chunk_size, local_window, mscale, original_max_position_embeddings\)"),
         ("yarn:factor=4+dca", {"nosuch": 1}, "nosuch is an option of none of the methods combined"),
         ("dca+yarn:factor=4", {"factor": 2}, "factor given both"),
         ([{"method": "yarn", "factor": 2}, "dca"], {"factor": 4}, "factor given both"),

@@ -137,14 +137,14 @@ def _share_options(items: list[Any], kwargs: dict[str, Any]) -> list[dict[str, A
         return shares
     classes = [_method_class(item) for item in items]
     for key, value in kwargs.items():
-        takers = [i for i, cls in enumerate(classes) if key in {f.name for f in dataclasses.fields(cls)}]
+        takers = [i for i, cls in enumerate(classes) if key in cls.option_names()]
         if key in SHARED_OPTIONS and takers:  # one fact about the model: every method that has it takes it
             users = [i for i in takers if key not in classes[i].unused_shared_options]
             for i in users or takers:  # (only methods that do not use it: let the method say so)
                 shares[i][key] = value
             continue
         if len(takers) != 1:
-            where = "; ".join(f"{cls.method}: {', '.join(f.name for f in dataclasses.fields(cls))}" for cls in classes)
+            where = "; ".join(f"{cls.method}: {', '.join(cls.option_names())}" for cls in classes)
             problem = "is an option of none" if not takers else "is ambiguous: an option of several"
             raise ValueError(
                 f"{key} {problem} of the methods combined ({where}); give each method's options in its own dict, "
@@ -170,6 +170,12 @@ class MethodConfig:
             out[field.name] = list(value) if isinstance(value, tuple) else value
         return out
 
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The options, the method's own first and the shared ones (``L``) after them, as listings show them."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return [n for n in names if n not in SHARED_OPTIONS] + [n for n in names if n in SHARED_OPTIONS]
+
     @staticmethod
     def from_dict(data: dict[str, Any]) -> MethodConfig:
         data = dict(data)
@@ -178,7 +184,7 @@ class MethodConfig:
 
     @classmethod
     def _build(cls, kwargs: dict[str, Any]) -> MethodConfig:
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = cls.option_names()
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise ValueError(f"{cls.method}: unknown option(s) {', '.join(unknown)}; valid options: {', '.join(names)}")
