@@ -445,6 +445,26 @@ def test_cli_passkey_and_plot(tmp_path, tiny_checkpoint, capsys):
     assert main(["plot", str(tmp_path / "empty")]) == 2
 
 
+def test_plots_of_many_methods_stay_readable(tmp_path):
+    """Fourteen methods: the passkey heatmaps wrap onto rows of five (one row of fourteen was 40 inches wide) and
+    the perplexity legend moves beside the axes, off the curves."""
+    from matplotlib.image import imread
+
+    from rope_ext.eval.plot import plot_passkey, plot_perplexity
+
+    methods = [f"yarn:factor={n}" for n in range(2, 16)]
+    passkey = [{"method": m, "length": n, "depth": d, "accuracy": 1.0, "trials": 1}
+               for m in methods for n in (1024, 2048) for d in (0.1, 0.9)]
+    ppl = [{"method": m, "length": n, "perplexity": 10.0 + i} for i, m in enumerate(methods) for n in (1024, 2048)]
+    run = {"protocol": "fixed", "model_name": "tiny", "native_context": 1024}
+    (tmp_path / "passkey.json").write_text(json.dumps({"run": run, "summary": passkey}))
+    (tmp_path / "ppl.json").write_text(json.dumps({"run": run, "summary": ppl}))
+    height, width = imread(plot_passkey(tmp_path)).shape[:2]
+    assert width < 2 * height  # three rows of five, not 14 x 1
+    height, width = imread(plot_perplexity(tmp_path)).shape[:2]
+    assert width < 2.2 * height
+
+
 def _ppl(checkpoint, out, *extra, text=None, lengths="32,64,128", methods="none"):
     data = [] if "--dataset" in extra or "--text-files" in extra else ["--text-files", str(text)]
     return main(

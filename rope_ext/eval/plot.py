@@ -13,6 +13,10 @@ from matplotlib.figure import Figure
 from rope_ext.eval.results import load_results
 
 
+#: heatmaps per row of the passkey figure
+PASSKEY_COLUMNS = 5
+
+
 def _length_label(length: int) -> str:
     return f"{length // 1024}k" if length % 1024 == 0 else str(length)
 
@@ -23,7 +27,8 @@ def plot_perplexity(out: str | Path) -> Path | None:
         return None
     run, rows = results["run"], results["summary"]
     methods = list(dict.fromkeys(row["method"] for row in rows))
-    figure = Figure(figsize=(7.5, 4.8))
+    outside = len(methods) > 8  # a legend that would cover the curves goes to the right of the axes
+    figure = Figure(figsize=(10.0 if outside else 7.5, 4.8), layout="constrained")
     axis = figure.subplots()
     styles = ["-", "--", "-.", ":"]
     for index, method in enumerate(methods):
@@ -44,10 +49,12 @@ def plot_perplexity(out: str | Path) -> Path | None:
     protocol = {"fixed": "fixed last-token targets", "curve": "per-position buckets", "sliding": "sliding window"}
     axis.set_title(f"{run.get('model_name', run.get('model'))}: {protocol.get(run['protocol'], run['protocol'])}")
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
+    if outside:
+        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    else:
+        axis.legend()
     path = Path(out) / "ppl.png"
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
@@ -59,10 +66,15 @@ def plot_passkey(out: str | Path) -> Path | None:
     methods = list(dict.fromkeys(row["method"] for row in rows))
     lengths = sorted({row["length"] for row in rows})
     depths = sorted({row["depth"] for row in rows})
-    figure = Figure(figsize=(2.8 * len(methods) + 1.2, 3.4), layout="constrained")
-    axes = figure.subplots(1, len(methods), squeeze=False, sharey=True)
+    columns = min(len(methods), PASSKEY_COLUMNS)  # many methods wrap onto more rows of heatmaps
+    rows_of_axes = -(-len(methods) // columns)
+    figure = Figure(figsize=(2.8 * columns + 1.2, 3.0 * rows_of_axes + 0.4), layout="constrained")
+    axes = figure.subplots(rows_of_axes, columns, squeeze=False, sharey=True)
+    flat = [axis for row in axes for axis in row]
+    for axis in flat[len(methods):]:
+        axis.set_visible(False)
     image = None
-    for axis, method in zip(axes[0], methods):
+    for axis, method in zip(flat, methods):
         grid = [[float("nan")] * len(lengths) for _ in depths]
         for row in rows:
             if row["method"] == method:
@@ -76,8 +88,9 @@ def plot_passkey(out: str | Path) -> Path | None:
             for j in range(len(lengths)):
                 if grid[i][j] == grid[i][j]:
                     axis.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=7)
-    axes[0][0].set_ylabel("depth")
-    figure.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    for row in axes:
+        row[0].set_ylabel("depth")
+    figure.colorbar(image, ax=flat, label="accuracy")
     path = Path(out) / "passkey.png"
     figure.savefig(path, dpi=120, bbox_inches="tight")
     return path
