@@ -119,10 +119,15 @@ def get_patch(model: nn.Module, *, resolved: bool = False) -> MethodConfig | tup
     """The active method config (a tuple of configs for a combination), or ``None``.
 
     The configs are as given (options left at ``None`` are derived from the model when it is patched, and
-    again when a saved patch is reloaded). ``resolved=True`` returns them with the values in use instead:
-    ``get_patch(model, resolved=True)`` shows ``dca``'s derived ``chunk_size`` and every method's ``L``.
+    again when a saved patch is reloaded). ``resolved=True`` returns them with what was derived from the model
+    filled in: every method's ``L`` and the attention methods' windows (``dca``'s ``chunk_size``...). A value
+    computed from the options alone (YaRN's ``attention_factor``) stays ``None``, and so does an ``L`` that
+    differs between layer types (Gemma 3 with both patched). Patching an identical model with the resolved
+    configs gives the same model.
     """
     _check_model(model)
+    if not isinstance(resolved, bool):
+        raise TypeError(f"resolved must be True or False, got {resolved!r}")
     found = _find_state(model)
     if found is None:
         return None

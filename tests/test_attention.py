@@ -563,6 +563,38 @@ def test_get_patch_resolved_shows_the_values_in_use(tmp_path):
         assert pi == rope_ext.methods.PIConfig(factor=2)  # pi has no L
         assert (self_extend.original_max_position_embeddings, self_extend.W, self_extend.G) == (32, 4, 8)
     assert rope_ext.get_patch(other, resolved=True) is None
+    with pytest.raises(TypeError, match="resolved must be True or False, got 'yes'"):
+        rope_ext.get_patch(model, resolved="yes")
+
+
+def test_get_patch_resolved_leaves_an_l_that_differs_between_layer_types():
+    """Gemma 3 layer types with different L (a checkpoint's scaled full layers): no one L to state, so it stays
+    ``None``, and patching an identical model with the resolved config gives the same logits."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    def make():
+        config = Gemma3TextConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=16,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        )
+        config.rope_parameters["full_attention"] = {
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0, "original_max_position_embeddings": 32,
+        }
+        torch.manual_seed(0)
+        return Gemma3ForCausalLM(config).eval()
+
+    ids = torch.randint(0, 128, (1, 100), generator=torch.Generator().manual_seed(0))
+    both = {"layer_types": ["full_attention", "sliding_attention"], "replace_scaling": True}
+    model = make()
+    rope_ext.patch(model, "yarn:factor=4", **both)
+    resolved = rope_ext.get_patch(model, resolved=True)
+    assert resolved.original_max_position_embeddings is None
+    again = make()
+    rope_ext.patch(again, resolved, **both)
+    assert torch.equal(logits(again, ids), logits(model, ids))
+    with rope_ext.patched(make(), "yarn:factor=4", layer_types=["sliding_attention"]) as sliding:
+        assert rope_ext.get_patch(sliding, resolved=True).original_max_position_embeddings == 64
 
 
 def test_peft_wrapped_model_and_bf16_cast():

@@ -447,10 +447,10 @@ def test_cli_passkey_and_plot(tmp_path, tiny_checkpoint, capsys):
 
 def test_plots_of_many_methods_stay_readable(tmp_path):
     """Fourteen methods: the passkey heatmaps wrap onto rows of five (one row of fourteen was 40 inches wide) and
-    the perplexity legend moves beside the axes, off the curves."""
+    the perplexity legend moves beside the axes, off the curves; long specs wrap after their separators."""
     from matplotlib.image import imread
 
-    from rope_ext.eval.plot import plot_passkey, plot_perplexity
+    from rope_ext.eval.plot import _wrapped, plot_passkey, plot_perplexity
 
     methods = [f"yarn:factor={n}" for n in range(2, 16)]
     passkey = [{"method": m, "length": n, "depth": d, "accuracy": 1.0, "trials": 1}
@@ -463,6 +463,9 @@ def test_plots_of_many_methods_stay_readable(tmp_path):
     assert width < 2 * height  # three rows of five, not 14 x 1
     height, width = imread(plot_perplexity(tmp_path)).shape[:2]
     assert width < 2.2 * height
+    long = "yarn:factor=8:beta_fast=64+dca:chunk_size=6144:local_window=1024+logn"
+    assert _wrapped(long, 28).split("\n") == ["yarn:factor=8:beta_fast=64+", "dca:chunk_size=6144:", "local_window=1024+logn"]
+    assert _wrapped("dca", 28) == "dca"
 
 
 def _ppl(checkpoint, out, *extra, text=None, lengths="32,64,128", methods="none"):

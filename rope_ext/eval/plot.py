@@ -6,6 +6,7 @@ global backend, so plotting from a notebook leaves its backend and figures alone
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -21,6 +22,17 @@ def _length_label(length: int) -> str:
     return f"{length // 1024}k" if length % 1024 == 0 else str(length)
 
 
+def _wrapped(label: str, width: int) -> str:
+    """A method spec broken into lines of about ``width`` characters after its ``+`` and ``:`` separators."""
+    lines, line = [], ""
+    for part in re.split(r"(?<=[+:])", label):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    return "\n".join([*lines, line])
+
+
 def plot_perplexity(out: str | Path) -> Path | None:
     results = load_results(out, "ppl")
     if results is None or not results["summary"]:
@@ -28,13 +40,15 @@ def plot_perplexity(out: str | Path) -> Path | None:
     run, rows = results["run"], results["summary"]
     methods = list(dict.fromkeys(row["method"] for row in rows))
     outside = len(methods) > 8  # a legend that would cover the curves goes to the right of the axes
-    figure = Figure(figsize=(10.0 if outside else 7.5, 4.8), layout="constrained")
+    height = max(4.8, 0.2 * len(methods) + 0.8) if outside else 4.8  # (room for every legend entry)
+    figure = Figure(figsize=(10.0 if outside else 7.5, height), layout="constrained")
     axis = figure.subplots()
     styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v", "P", "X"]  # 10 colours x 4 styles repeat after 20 methods: then the marker
     for index, method in enumerate(methods):
         points = sorted((row["length"], row["perplexity"]) for row in rows if row["method"] == method)
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method,
-                  linestyle=styles[index % len(styles)])
+        axis.plot([p[0] for p in points], [p[1] for p in points], label=method, color=f"C{index % 10}",
+                  linestyle=styles[index % len(styles)], marker=markers[index // 20 % len(markers)])
     native = run.get("native_context")
     if native:
         axis.axvline(native, color="grey", linestyle="--", linewidth=1)
@@ -68,7 +82,8 @@ def plot_passkey(out: str | Path) -> Path | None:
     depths = sorted({row["depth"] for row in rows})
     columns = min(len(methods), PASSKEY_COLUMNS)  # many methods wrap onto more rows of heatmaps
     rows_of_axes = -(-len(methods) // columns)
-    figure = Figure(figsize=(2.8 * columns + 1.2, 3.0 * rows_of_axes + 0.4), layout="constrained")
+    width, height = max(2.8, 0.45 * len(lengths) + 0.8), max(3.0, 0.3 * len(depths) + 1.6)  # one heatmap
+    figure = Figure(figsize=(width * columns + 1.2, height * rows_of_axes + 0.4), layout="constrained")
     axes = figure.subplots(rows_of_axes, columns, squeeze=False, sharey=True)
     flat = [axis for row in axes for axis in row]
     for axis in flat[len(methods):]:
@@ -83,11 +98,12 @@ def plot_passkey(out: str | Path) -> Path | None:
         axis.set_xticks(range(len(lengths)), [_length_label(L) for L in lengths])
         axis.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
         axis.set_xlabel("length")
-        axis.set_title(method, fontsize=9)
+        axis.set_title(_wrapped(method, round(width * 10)), fontsize=9)
         for i in range(len(depths)):
             for j in range(len(lengths)):
-                if grid[i][j] == grid[i][j]:
-                    axis.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=7)
+                measured = grid[i][j] == grid[i][j]
+                axis.text(j, i, f"{grid[i][j]:.0%}" if measured else "not run", ha="center", va="center",
+                          fontsize=7, color="black" if measured else "grey")
     for row in axes:
         row[0].set_ylabel("depth")
     figure.colorbar(image, ax=flat, label="accuracy")

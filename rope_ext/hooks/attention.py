@@ -665,10 +665,8 @@ class AttentionInstaller(HookInstaller):
         hook.method = method.resolved(hook.original)
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
-        for hook in installed_hooks(model):
-            if hook.method is not None and type(hook.method) is type(method):
-                return hook.method
-        return method
+        used = {hook.method for hook in installed_hooks(model) if type(hook.method) is type(method)}
+        return used.pop() if len(used) == 1 else method  # (layers resolved differently: no one value to state)
 
 
 class QueryScaleInstaller(AttentionInstaller):
@@ -683,12 +681,10 @@ class QueryScaleInstaller(AttentionInstaller):
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
         assert isinstance(method, LogNConfig)
-        if method.original_max_position_embeddings is not None:
+        originals = {hook.original for hook in installed_hooks(model) if hook.query_scale is method}
+        if method.original_max_position_embeddings is not None or len(originals) != 1:
             return method
-        for hook in installed_hooks(model):
-            if hook.query_scale is method:
-                return dataclasses.replace(method, original_max_position_embeddings=hook.original)
-        return method
+        return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
 
 
 def installed_hooks(model: nn.Module) -> Iterator[AttentionHook]:

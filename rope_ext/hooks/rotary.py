@@ -352,11 +352,15 @@ class FrequencyInstaller(HookInstaller):
             "original_max_position_embeddings" in method.unused_shared_options
         ):
             return method
-        for module in model.modules():
-            if isinstance(module, RopeExtRotaryEmbedding) and module.method is method and module.specs:
-                original = next(iter(module.specs.values())).original_max_position_embeddings
-                return dataclasses.replace(method, original_max_position_embeddings=original)
-        return method
+        originals = {
+            spec.original_max_position_embeddings
+            for module in model.modules()
+            if isinstance(module, RopeExtRotaryEmbedding) and module.method is method
+            for spec in module.specs.values()
+        }
+        if len(originals) != 1:  # layer types with different L (Gemma 3's): no one value to state
+            return method
+        return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
 
     def _config_edits(
         self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
