@@ -68,16 +68,15 @@ def _prompt(length: int):
 
 def _child(config: str, length: int, threads: int) -> dict:
     import rope_ext
-    from rope_ext.hooks.attention import HOOK_ATTR
+    from rope_ext.hooks.attention import installed_hooks
 
     torch.set_num_threads(threads)
     model, ids = _prompt(length)
     if config != "sdpa":
         method, _, path = config.partition("@")
         rope_ext.patch(model, method)
-        for module in model.modules():
-            if HOOK_ATTR in vars(module):
-                vars(module)[HOOK_ATTR].path = path or "fast"
+        for hook in installed_hooks(model):
+            hook.path = path or "fast"
     with torch.no_grad():
         model(input_ids=ids[:, :256], logits_to_keep=1)  # warm-up
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

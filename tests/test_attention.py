@@ -14,7 +14,7 @@ import rope_ext
 from rope_ext.attention import kernels
 from rope_ext.attention.reference import reference_attention
 from rope_ext.hooks import attention as attention_hooks
-from rope_ext.hooks.attention import HOOK_ATTR, ROTATED_ATTR, rotate, rotate_at_zero
+from rope_ext.hooks.attention import ROTATED_ATTR, rotate, rotate_at_zero
 from rope_ext.hooks.rotary import rope_cos_sin
 from rope_ext.methods.windows import rerope_positions
 
@@ -40,7 +40,7 @@ def _patch(model, method, options):
 
 
 def _hooks(model):
-    return [getattr(m, HOOK_ATTR) for m in model.modules() if HOOK_ATTR in vars(m)]
+    return list(attention_hooks.installed_hooks(model))
 
 
 def _set(model, **values):
@@ -749,7 +749,7 @@ def test_bad_values_raise_with_the_valid_range(method, options, message):
 def test_derived_options_fit_the_ones_given():
     model = tiny_model("llama")
     rope_ext.patch(model, "dca", chunk_size=4)  # local_window defaults below it
-    hooks = [vars(m)[HOOK_ATTR] for m in model.modules() if HOOK_ATTR in vars(m)]
+    hooks = _hooks(model)
     assert hooks and all(h.method.local_window == 3 and h.method.chunk_size == 4 for h in hooks)
     rope_ext.unpatch(model)
 
