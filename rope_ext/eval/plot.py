@@ -6,10 +6,13 @@ global backend, so plotting from a notebook leaves its backend and figures alone
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import LogFormatterSciNotation
 
 from rope_ext.eval.results import load_results
 
@@ -33,40 +36,148 @@ def _wrapped(label: str, width: int) -> str:
     return "\n".join([*lines, line])
 
 
+#: the zoomed panel shows the perplexities up to this multiple of the best one measured at the shortest length
+#: (the in-window reference); a point above it, or inf, is off-scale there
+ZOOM_MULTIPLE = 3.0
+
+
+class _PlainLogFormatter(LogFormatterSciNotation):
+    """The log axis's own choice of ticks to label, written as plain numbers (20, 300) instead of 2 x 10^1."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def _value_label(value: float) -> str:
+    if value != value:
+        return "nan"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _zoom_band(points: dict[str, list[tuple[int, float]]]) -> tuple[float, float] | None:
+    """The y limits of the zoomed panel: every finite perplexity up to ``ZOOM_MULTIPLE`` x the best finite one
+    at the shortest length, plus room at the top for the off-scale labels; ``None`` when no point is above that
+    or infinite (one panel shows everything) or no point is finite."""
+    values = [(length, ppl) for series in points.values() for length, ppl in series]
+    finite = [(length, ppl) for length, ppl in values if math.isfinite(ppl)]
+    if not finite:
+        return None
+    shortest = min(length for length, _ in finite)
+    limit = ZOOM_MULTIPLE * min(ppl for length, ppl in finite if length == shortest)
+    kept = [ppl for _, ppl in finite if ppl <= limit]
+    if len(kept) == len(values):
+        return None
+    low, high = min(kept), max(kept)
+    pad = 0.06 * (high - low) if high > low else 0.05 * high
+    stacked = max(sum(1 for n, p in values if n == length and not p <= limit) for length, _ in values)
+    room = min(0.4, 0.04 + 0.035 * stacked)  # the top of the panel, kept free for the off-scale labels
+    low, high = low - pad, high + pad
+    return low, high + (high - low) * room / (1 - room)
+
+
+def _mark_off_scale(axis, points: dict[str, list[tuple[int, float]]], colors: dict[str, str], top: float | None,
+                    lengths: list[int]) -> set[str]:
+    """An upward marker at the top edge of ``axis`` for every point above ``top`` (``None``: only inf and nan),
+    labelled with its value and stacked per length; returns the methods that have one."""
+    marked: set[str] = set()
+    stacks: dict[int, int] = {}
+    for method, series in points.items():
+        for length, ppl in series:
+            if math.isfinite(ppl) and (top is None or ppl <= top):
+                continue
+            marked.add(method)
+            row = stacks[length] = stacks.get(length, -1) + 1
+            if row == 0:
+                axis.plot([length], [1.0], marker="^", markersize=8, color="black", clip_on=False,
+                          transform=axis.get_xaxis_transform(), linestyle="none", zorder=5)
+            edge = length == lengths[-1] and len(lengths) > 1
+            align = "left" if length == lengths[0] and len(lengths) > 1 else "right" if edge else "center"
+            axis.annotate(f"{method}: {_value_label(ppl)}", (length, 1.0), xycoords=axis.get_xaxis_transform(),
+                          xytext=(0, -12 - 9 * row), textcoords="offset points", ha=align, va="top", fontsize=7,
+                          color=colors[method], gid="off-scale")
+    return marked
+
+
+def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
+    """The perplexity figure of a summary: one log-scale panel of every method; when some point explodes
+    (above ``ZOOM_MULTIPLE`` x the best perplexity at the shortest length, or inf), a second, linear panel
+    zoomed on the others, where the points off its scale are marked at the top edge with their values and
+    their methods say "(off-scale)" in the legend. Points of inf or nan, which no axis can place, are marked
+    the same way in both panels. Returns the figure unsaved (``plot_perplexity`` saves it)."""
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    points = {m: sorted((row["length"], float(row["perplexity"])) for row in rows if row["method"] == m)
+              for m in methods}
+    colors = {method: f"C{index % 10}" for index, method in enumerate(methods)}
+    lengths = sorted({row["length"] for row in rows})
+    band = _zoom_band(points)
+    outside = len(methods) > 8  # a legend that would cover the curves goes to the right of the axes
+    height = max(4.8, 0.2 * len(methods) + 0.8) if outside else 4.8  # (room for every legend entry)
+    if band is not None:
+        height = max(height, 8.0)
+    figure = Figure(figsize=(10.0 if outside else 7.5, height), layout="constrained")
+    axes = list(figure.subplots(2, 1, sharex=True, height_ratios=[1, 2])) if band else [figure.subplots()]
+    styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v", "P", "X"]  # 10 colours x 4 styles repeat after 20 methods: then the marker
+    for axis in axes:
+        for index, method in enumerate(methods):
+            finite = [(n, p if math.isfinite(p) else float("nan")) for n, p in points[method]]
+            axis.plot([p[0] for p in finite], [p[1] for p in finite], label=method, color=colors[method],
+                      linestyle=styles[index % len(styles)], marker=markers[index // 20 % len(markers)])
+    full, zoom = axes[0], axes[-1] if band else None
+    full.set_yscale("log")
+    full.yaxis.set_major_formatter(_PlainLogFormatter())
+    full.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False))
+    full.set_ylabel("perplexity (log scale)")
+    full.set_label("full range")
+    off_scale = _mark_off_scale(full, points, colors, None, lengths)
+    if zoom is not None:
+        zoom.set_ylim(*band)
+        zoom.set_ylabel("perplexity")
+        zoom.set_label("zoom")
+        off_scale = _mark_off_scale(zoom, points, colors, band[1], lengths)
+        full.set_title("every method (log scale)", fontsize=9, loc="left")
+        zoom.set_title(f"zoom on the perplexities within {ZOOM_MULTIPLE:g}x the best at {_length_label(lengths[0])} "
+                       "(linear scale; \u25b2 = off-scale, value shown)", fontsize=9, loc="left")
+    native = run.get("native_context")
+    for axis in axes:
+        if native:
+            axis.axvline(native, color="grey", linestyle="--", linewidth=1)
+        if native and axis is full:
+            axis.text(native, 0.98, f" native {native}", va="top", ha="left", color="grey", fontsize=8,
+                      transform=axis.get_xaxis_transform())
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(lengths, [_length_label(L) for L in lengths])
+        axis.xaxis.minorticks_off()
+        axis.grid(True, which="both", alpha=0.3)
+    axes[-1].set_xlabel("context length (tokens)")
+    protocol = {"fixed": "fixed last-token targets", "curve": "per-position buckets", "sliding": "sliding window"}
+    title = f"{run.get('model_name', run.get('model'))}: {protocol.get(run['protocol'], run['protocol'])}"
+    if band is None:
+        full.set_title(title)
+    else:
+        figure.suptitle(title)
+    legend_axis = axes[-1]
+    handles, labels = legend_axis.get_legend_handles_labels()
+    labels = [f"{label} (off-scale)" if label in off_scale else label for label in labels]
+    if off_scale:
+        handles.append(Line2D([], [], marker="^", color="black", linestyle="none"))
+        labels.append("off-scale: value at the top edge")
+    if outside and band is not None:
+        figure.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    elif outside:
+        legend_axis.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    else:
+        legend_axis.legend(handles, labels, fontsize=8 if band else None)
+    return figure
+
+
 def plot_perplexity(out: str | Path) -> Path | None:
     results = load_results(out, "ppl")
     if results is None or not results["summary"]:
         return None
-    run, rows = results["run"], results["summary"]
-    methods = list(dict.fromkeys(row["method"] for row in rows))
-    outside = len(methods) > 8  # a legend that would cover the curves goes to the right of the axes
-    height = max(4.8, 0.2 * len(methods) + 0.8) if outside else 4.8  # (room for every legend entry)
-    figure = Figure(figsize=(10.0 if outside else 7.5, height), layout="constrained")
-    axis = figure.subplots()
-    styles = ["-", "--", "-.", ":"]
-    markers = ["o", "s", "^", "D", "v", "P", "X"]  # 10 colours x 4 styles repeat after 20 methods: then the marker
-    for index, method in enumerate(methods):
-        points = sorted((row["length"], row["perplexity"]) for row in rows if row["method"] == method)
-        axis.plot([p[0] for p in points], [p[1] for p in points], label=method, color=f"C{index % 10}",
-                  linestyle=styles[index % len(styles)], marker=markers[index // 20 % len(markers)])
-    native = run.get("native_context")
-    if native:
-        axis.axvline(native, color="grey", linestyle="--", linewidth=1)
-        axis.text(native, axis.get_ylim()[1], f" native {native}", va="top", ha="left", color="grey", fontsize=8)
-    axis.set_xscale("log", base=2)
-    lengths = sorted({row["length"] for row in rows})
-    axis.set_xticks(lengths, [_length_label(L) for L in lengths])
-    axis.minorticks_off()
-    axis.set_yscale("log")
-    axis.set_xlabel("context length (tokens)")
-    axis.set_ylabel("perplexity (log scale)")
-    protocol = {"fixed": "fixed last-token targets", "curve": "per-position buckets", "sliding": "sliding window"}
-    axis.set_title(f"{run.get('model_name', run.get('model'))}: {protocol.get(run['protocol'], run['protocol'])}")
-    axis.grid(True, which="both", alpha=0.3)
-    if outside:
-        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    else:
-        axis.legend()
+    figure = perplexity_figure(results["run"], results["summary"])
     path = Path(out) / "ppl.png"
     figure.savefig(path, dpi=120, bbox_inches="tight")
     return path

@@ -1,0 +1,65 @@
+"""The perplexity plot keeps the comparison readable when some methods explode: a second panel zooms on the
+methods near the in-window perplexity, and what leaves it (or is inf, which no axis can place) is marked
+off-scale with its value."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rope_ext.eval.plot import ZOOM_MULTIPLE, perplexity_figure, plot_perplexity
+
+RUN = {"protocol": "fixed", "model_name": "tiny", "native_context": 1024}
+LENGTHS = (1024, 2048, 4096)
+
+
+def _summary(values: dict[str, tuple[float, ...]]) -> list[dict]:
+    return [{"method": method, "length": length, "perplexity": ppl}
+            for method, series in values.items() for length, ppl in zip(LENGTHS, series)]
+
+
+def _off_scale_labels(axis) -> list[str]:
+    return [text.get_text() for text in axis.texts if text.get_gid() == "off-scale"]
+
+
+def test_exploded_and_inf_perplexities_are_off_scale_in_a_zoomed_panel(tmp_path):
+    summary = _summary({
+        "none": (14.0, 400.0, 5000.0),         # explodes past the window
+        "yarn:factor=4": (15.0, 16.0, 17.0),
+        "dca": (14.2, 14.8, 15.5),
+        "broken": (14.5, float("inf"), 20.0),  # an overflow: inf at one length
+    })
+    figure = perplexity_figure(RUN, summary)
+    full, zoom = figure.axes
+    assert (full.get_label(), zoom.get_label()) == ("full range", "zoom")
+    assert full.get_yscale() == "log"
+    low, high = zoom.get_ylim()
+    assert low <= 14.0 and 20.0 <= high < ZOOM_MULTIPLE * 14.0  # every value within 3x of the best at 1024
+    assert high < 400.0  # the exploded values are outside the zoomed panel
+    labels = _off_scale_labels(zoom)
+    assert sorted(labels) == ["broken: inf", "none: 400", "none: 5,000"]
+    assert _off_scale_labels(full) == ["broken: inf"]  # inf has no place on any axis: marked, not dropped
+    legend = [text.get_text() for text in zoom.get_legend().get_texts()]
+    assert "none (off-scale)" in legend and "broken (off-scale)" in legend and "dca" in legend
+    assert any("off-scale" in text and "top edge" in text for text in legend)
+
+    (tmp_path / "ppl.json").write_text(json.dumps({"run": RUN, "summary": summary}))  # inf as JSON's Infinity
+    assert math.isinf(json.loads((tmp_path / "ppl.json").read_text())["summary"][10]["perplexity"])
+    assert plot_perplexity(tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_one_panel_when_nothing_explodes():
+    figure = perplexity_figure(RUN, _summary({"none": (14.0, 15.0, 38.0), "yarn:factor=2": (14.5, 14.7, 15.0)}))
+    (axis,) = figure.axes  # 38 stays within 3x of 14: the band is every method
+    assert axis.get_yscale() == "log" and _off_scale_labels(axis) == []
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == ["none", "yarn:factor=2"]
+
+
+def test_many_methods_with_an_exploded_one_keep_the_legend_beside_the_axes():
+    methods = {f"yarn:factor={n}": (10.0 + n, 11.0 + n, 12.0 + n) for n in range(2, 12)}
+    methods["none"] = (10.0, 300.0, float("inf"))
+    figure = perplexity_figure(RUN, _summary(methods))
+    assert len(figure.axes) == 2 and len(figure.legends) == 1  # a figure legend, outside the two panels
+    width, height = figure.get_size_inches()
+    assert width < 2.2 * height
+    assert sorted(_off_scale_labels(figure.axes[1])) == ["none: 300", "none: inf"]
