@@ -314,7 +314,7 @@ def test_text_files_become_documents(tmp_path):
     assert [d.title for d in docs] == ["a.txt"] and docs[0].num_tokens == len("alpha beta gamma " * 50)
     with pytest.raises(ValueError, match=r"no document has at least 100000 tokens"):
         tokenize_documents(data, _CharTokenizer(), min_tokens=100_000)
-    with pytest.raises(FileNotFoundError, match=r"text files not found: .*missing.txt"):
+    with pytest.raises(FileNotFoundError, match=r"--text-files: .*missing.txt not found"):
         load_documents(text_files=[str(tmp_path / "missing.txt")])
 
 
@@ -410,7 +410,8 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
 
     # another configuration is refused, then replaced with --overwrite
     assert _cli(tmp_path, checkpoint, text, "--protocol", "curve") == 2
-    assert "different configuration (differs in: protocol, target_tokens); pass --overwrite" in capsys.readouterr().err
+    assert ("different configuration (differs in: protocol: 'fixed' before, 'curve' now; target_tokens: 16 before, "
+            "None now); pass --overwrite") in capsys.readouterr().err
     assert _cli(tmp_path, checkpoint, text, "--protocol", "curve", "--overwrite", "--no-plot") == 0
     assert json.loads((run / "ppl.json").read_text())["run"]["protocol"] == "curve"
 
@@ -493,9 +494,10 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
     assert {r["method"]: r["config"] for r in records} == {"none": [], "pi:factor=2": [pi]}
     capsys.readouterr()
     # another longest length would move the targets: refused before computing anything
-    for lengths in ("32,64,256", "32,64"):
+    for lengths, end in (("32,64,256", 256), ("32,64", 64)):
         assert _ppl(checkpoint, out, text=text, lengths=lengths) == 2
-        assert "different configuration (differs in: target_end); pass --overwrite" in capsys.readouterr().err
+        assert (f"different configuration (differs in: target_end['doc.txt']: 128 before, {end} now); pass --overwrite"
+                in capsys.readouterr().err)
     assert _jsonl(out / "ppl_records.jsonl") == records
     assert _ppl(checkpoint, out, "--overwrite", text=text, lengths="32,64,256") == 0
     assert {(r["start"], r["end"]) for r in _jsonl(out / "ppl_records.jsonl")} == {(240, 256)}
@@ -505,7 +507,7 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
     "extra, message",
     [
         (["--lengths", "512,1k"], "--lengths 512,1024: no document is that long (the longest has 400 tokens)"),
-        (["--text-files", "{empty}"], "--lengths 32,64,128: no document is that long (the longest has 0 tokens)"),
+        (["--text-files", "{empty}"], "--text-files: {empty} is empty"),
         (["--documents", "0"], "argument --documents: must be an integer >= 1, got '0'"),
         (["--target-tokens", "0"], "argument --target-tokens: must be an integer >= 1, got '0'"),
         (["--target-tokens", "128"], "--target-tokens 128 must be smaller than the longest of --lengths (128)"),

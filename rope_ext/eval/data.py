@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,25 +24,41 @@ class Document:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[-1])
 
+    def fingerprint(self) -> str:
+        """The first 16 hex digits of the SHA-256 of its token ids (int64, little-endian): a results folder
+        tells a changed document from the one it scored, whatever its title or path."""
+        ids = self.input_ids.reshape(-1).to(torch.int64).numpy().astype("<i8")
+        return hashlib.sha256(ids.tobytes()).hexdigest()[:16]
+
 
 def load_documents(
     dataset: str | None = None,
     text_files: list[str] | None = None,
-    split: str = "train",
+    split: str | None = None,
     text_column: str = "text",
 ) -> Dataset:
     """A ``Dataset`` with ``title`` and ``text`` columns.
 
-    ``dataset`` is a folder written by ``Dataset.save_to_disk`` or a hub name (online only);
-    ``text_files`` are plain-text files, one document each; neither means the King James Bible, one
-    document per book.
+    ``dataset`` is a folder written by ``Dataset.save_to_disk`` or a hub name (online only), its ``split``
+    (default ``train``; a saved ``Dataset`` is one split and takes none); ``text_files`` are plain-text files,
+    one document each, known by their file names; neither means the King James Bible, one document per book.
     """
     if dataset and text_files:
         raise ValueError("give --dataset or --text-files, not both")
     if text_files:
-        missing = [path for path in text_files if not os.path.isfile(path)]
-        if missing:
-            raise FileNotFoundError(f"text files not found: {', '.join(missing)}")
+        for path in text_files:
+            _check_text_file(path)
+        titles = [os.path.basename(os.path.normpath(path)) for path in text_files]
+        real = [os.path.realpath(path) for path in text_files]
+        for i, path in enumerate(text_files):
+            for j in range(i):
+                if real[i] == real[j]:
+                    raise ValueError(f"--text-files: {text_files[j]} and {path} are the same file; give it once")
+                if titles[i] == titles[j]:
+                    raise ValueError(
+                        f"--text-files: {text_files[j]} and {path} are both named {titles[i]!r}, and a document is "
+                        "known by its file's name (in the records and tables): rename or copy one"
+                    )
         for path in text_files:
             try:
                 with open(path, encoding="utf-8") as handle:
@@ -48,30 +67,69 @@ def load_documents(
             except UnicodeDecodeError as error:
                 raise ValueError(f"--text-files: {path} is not UTF-8 text ({error})") from None
         data = load_dataset("text", data_files=list(text_files), sample_by="document", split="train")
-        return data.add_column("title", [os.path.basename(path) for path in text_files])
+        return data.add_column("title", titles)
     if dataset is None:
         return kjv_books()
+    local = os.path.isdir(dataset)
     try:
-        data = load_from_disk(dataset) if os.path.isdir(dataset) else load_dataset(dataset, split=split)
+        data = load_from_disk(dataset) if local else load_dataset(dataset, split=split or "train")
     except (OSError, ValueError) as error:  # datasets' not-found and offline errors are OSErrors
         raise ValueError(
             f"--dataset {dataset!r}: {error} (give a folder written by Dataset.save_to_disk, or a hub dataset "
             "name with HF_HUB_OFFLINE unset)"
         ) from None
     if hasattr(data, "keys"):  # a DatasetDict
-        if split not in data:
-            raise ValueError(f"--split {split!r}: {dataset} has splits {', '.join(data)}")
-        data = data[split]
+        if (split or "train") not in data:
+            raise ValueError(f"--split {split or 'train'!r}: {dataset} has splits {', '.join(data)}")
+        data = data[split or "train"]
+    elif local and split is not None:
+        raise ValueError(
+            f"--split {split!r}: {dataset} holds one split (a saved Dataset, not a DatasetDict); leave --split out"
+        )
     if text_column not in data.column_names:
         raise ValueError(
             f"--text-column {text_column!r}: the dataset has no column {text_column!r}; columns: "
             f"{', '.join(data.column_names)}"
         )
+    feature = data.features[text_column]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise ValueError(f"--text-column {text_column!r}: the column holds {feature}, not text")
+    data = data.select_columns([name for name in ("title",) if name in data.column_names] + [text_column])
     if text_column != "text":
         data = data.rename_column(text_column, "text")
     if "title" not in data.column_names:
         data = data.add_column("title", [f"doc{i}" for i in range(len(data))])
+    titles = [str(title) for title in data["title"]]
+    if getattr(data.features["title"], "dtype", None) not in ("string", "large_string"):
+        data = data.remove_columns("title").add_column("title", titles)
+    repeated = sorted(title for title, count in Counter(titles).items() if count > 1)
+    if repeated:
+        raise ValueError(
+            f"--dataset {dataset!r}: titles {', '.join(map(repr, repeated[:5]))} name several documents, and a "
+            "document is known by its title (in the records and tables): give each its own title"
+        )
     return data.select_columns(["title", "text"])
+
+
+def _check_text_file(path: str) -> None:
+    """A readable, non-empty regular file, or an ``OSError``/``ValueError`` that says what it is instead."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--text-files: {path} not found") from None
+    except OSError as error:
+        raise OSError(f"--text-files: cannot read {path} ({error.strerror or error})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"--text-files: {path} is a folder; give plain-text files (UTF-8), one document each")
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(
+            f"--text-files: {path} is not a regular file (a device, pipe or socket); give plain-text files "
+            "(UTF-8), one document each"
+        )
+    if info.st_size == 0:
+        raise ValueError(f"--text-files: {path} is empty")
+    if not os.access(path, os.R_OK):
+        raise PermissionError(f"--text-files: cannot read {path} (permission denied)")
 
 
 def tokenize_documents(

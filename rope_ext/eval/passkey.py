@@ -51,6 +51,11 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def prompt_overhead(tokenizer: Any, key: str = "00000") -> int:
+    """Tokens of the prompt besides its filler (task, needle, question): the shortest prompt's length."""
+    return sum(len(_encode(tokenizer, t)) for t in (TASK, NEEDLE.format(key=key), QUESTION))
+
+
 def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str) -> torch.Tensor:
     """``[1, length]`` token ids: task, filler with the needle at ``depth`` (0 = start, 1 = end), question."""
     if not 0.0 <= depth <= 1.0:

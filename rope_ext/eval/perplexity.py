@@ -34,6 +34,8 @@ from torch import nn
 from rope_ext.eval.data import Document
 
 PROTOCOLS = ("fixed", "curve", "sliding")
+#: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
+MAX_LENGTH = 1 << 24
 
 
 def parse_length(text: str) -> int:
@@ -44,6 +46,8 @@ def parse_length(text: str) -> int:
     value = int(match[1]) * (1024 if match[2] else 1)
     if value < 2:
         raise ValueError(f"length must be at least 2 tokens, got {text!r}")
+    if value > MAX_LENGTH:
+        raise ValueError(f"length {text!r} is over {MAX_LENGTH} tokens ({MAX_LENGTH // 1024}k), the most a run takes")
     return value
 
 

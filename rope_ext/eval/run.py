@@ -61,6 +61,63 @@ def target_ends(plan: dict[str, dict[int, tuple[int, int]]]) -> dict[str, int | 
     return {title: max((end for _, end in spans.values()), default=None) for title, spans in plan.items()}
 
 
+def folder_lengths(run_config: dict[str, Any] | None, records: list[dict[str, Any]]) -> list[int]:
+    """The lengths that decided a results folder's targets: its run configuration's ``lengths`` (older
+    folders: the lengths of its records and, fixed and curve, each document's target end)."""
+    if not run_config:
+        return []
+    lengths = {int(L) for L in run_config.get("lengths") or []}
+    lengths |= {int(r["length"]) for r in records if isinstance(r.get("length"), int)}
+    if run_config.get("protocol") in ("fixed", "curve"):
+        lengths |= {int(end) for end in (run_config.get("target_end") or {}).values() if isinstance(end, int)}
+    return sorted(lengths)
+
+
+def added_lengths_problem(
+    documents: list[Document], folder: list[int], lengths: list[int], protocol: str, target_tokens: int
+) -> str | None:
+    """Why adding ``lengths`` to a folder whose targets ``folder`` decided would change the positions its
+    records score (None: it would not). Lengths can be added only where they leave the targets as they were:
+    fixed -- up to the folder's longest length (the targets are the last ``target_tokens`` tokens before it);
+    curve -- beyond its last length (an earlier one would split a bucket); sliding -- anywhere."""
+    if not folder or protocol == "sliding":
+        return None
+    before = plan_targets(documents, folder, protocol, target_tokens)
+
+    def moves(length: int) -> bool:
+        after = plan_targets(documents, sorted({*folder, length}), protocol, target_tokens)
+        return any(after[title].get(L) != span for title, spans in before.items() for L, span in spans.items())
+
+    bad = [L for L in sorted(set(lengths) - set(folder)) if moves(L)]
+    if not bad:
+        return None
+    given = ",".join(map(str, bad))
+    longest = max(end for spans in before.values() for _, end in spans.values()) if any(before.values()) else None
+    if protocol == "fixed":
+        return (
+            f"whose targets --lengths {given} would move: the fixed protocol scores the last {target_tokens} tokens "
+            f"before the longest length, and the folder's is {longest}. Lengths can be added only where they leave "
+            f"the targets as they were: here above --target-tokens {target_tokens} and up to {longest}, without "
+            f"restating the folder's lengths ({','.join(map(str, folder))})"
+        )
+    last = max(folder)
+    return (
+        f"whose buckets --lengths {given} would split: the curve protocol scores each length's bucket (previous "
+        f"length, length], and the folder's lengths are {','.join(map(str, folder))}. Lengths can be added only "
+        f"where they leave the buckets as they were: here beyond the last, {last}, without restating the folder's"
+    )
+
+
+def _records_as(cls: type, store: ResultStore, records: list[dict[str, Any]]) -> list[Any]:
+    try:
+        return [cls(**r) for r in records]
+    except TypeError as error:  # a line that is JSON but not a record of this kind
+        raise ValueError(
+            f"{store.records_path} holds a line that is not a {store.kind} record ({error}); fix or delete it, or "
+            "pass --overwrite to start the folder afresh"
+        ) from None
+
+
 def run_perplexity(
     model: nn.Module,
     documents: list[Document],
@@ -73,22 +130,29 @@ def run_perplexity(
     stride: int = 256,
     site_options: dict[str, Any] | None = None,
     log: Callable[[str], None] = tqdm.write,
+    target_lengths: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every method on every document at every usable length; returns the summary rows.
+
+    ``target_lengths`` (default ``lengths``; it must include them) decide the positions scored, see
+    ``target_spans``: a resumed folder's lengths with this run's, so that a run of only the lengths it adds
+    scores the folder's targets. Only ``lengths`` are evaluated.
 
     Records already in ``store`` are kept only when they scored the positions this run would; a record
     of the same method, document and length that scored others is refused (``--overwrite`` replaces
     the folder's records).
     """
-    plan = plan_targets(documents, lengths, protocol, target_tokens)
+    target_lengths = sorted(set(target_lengths or lengths) | set(lengths))
+    wanted = set(lengths)
+    plan = plan_targets(documents, target_lengths, protocol, target_tokens)
     for document in documents:
-        for length in sorted(set(lengths) - set(plan[document.title])):
+        for length in sorted(wanted - set(plan[document.title])):
             reason = f"target {target_tokens} tokens" if length <= target_tokens else f"{document.num_tokens} tokens"
             log(f"skipping length {length} for {document.title!r}: it provides {reason}, not enough (no padding)")
     done: set[tuple] = set()
     for r in store.records():
-        planned = plan.get(r["document"], {}).get(r["length"]) if r["protocol"] == protocol else None
-        if r["method"] not in methods or planned is None:
+        planned = plan.get(r.get("document"), {}).get(r.get("length")) if r.get("protocol") == protocol else None
+        if r.get("method") not in methods or planned is None:
             continue
         if (r.get("start"), r.get("end")) != planned:
             store.refuse(
@@ -99,17 +163,20 @@ def run_perplexity(
             break
         done.add(record_key(r["method"], r["protocol"], r["document"], r["length"]))
     work = [(spec, document) for spec in methods for document in documents]
-    bar = tqdm(total=sum(len(plan[d.title]) for _, d in work), unit="len")
+    todo_lengths = {d.title: [L for L in plan[d.title] if L in wanted] for d in documents}
+    bar = tqdm(total=sum(len(todo_lengths[d.title]) for _, d in work), unit="len")
     for spec, document in work:
         configs = methods[spec]
         bar.set_description(f"{spec} / {document.title}")
-        skip = lambda length: record_key(spec, protocol, document.title, length) in done  # noqa: E731
+        skip = lambda length: (  # noqa: E731
+            length not in wanted or record_key(spec, protocol, document.title, length) in done
+        )
 
         def evaluate() -> None:
             for record in evaluate_document(
                 model,
                 document,
-                lengths,
+                target_lengths,
                 method=spec,
                 config=_config_dicts(configs),
                 dynamic=_dynamic(configs),
@@ -121,17 +188,17 @@ def run_perplexity(
                 store.append(record.to_dict())
                 bar.update(1)
 
-        bar.update(sum(1 for length in plan[document.title] if skip(length)))
+        bar.update(sum(1 for length in todo_lengths[document.title] if skip(length)))
         _with_method(model, configs, evaluate, site_options)
     bar.close()
     # the tables cover every record of the folder (all of one run configuration: earlier runs' methods and
     # lengths too); the summary returned is this run's
     kept = store.records()
-    store.write_tables(kept, summarize([PerplexityRecord(**r) for r in kept]))
+    store.write_tables(kept, summarize(_records_as(PerplexityRecord, store, kept)))
     records = [
         r
         for r in kept
-        if r["method"] in methods and r["protocol"] == protocol and r["length"] in plan.get(r["document"], {})
+        if r["method"] in methods and r["protocol"] == protocol and r["length"] in todo_lengths.get(r["document"], ())
     ]
     return summarize([PerplexityRecord(**r) for r in records])
 
@@ -149,7 +216,8 @@ def run_passkey(
     site_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Passkey accuracy over the length x depth grid, ``trials`` keys per cell, for every method."""
-    done = {passkey_key(r["method"], r["length"], r["depth"], r["trial"]) for r in store.records()}
+    previous = _records_as(PasskeyRecord, store, store.records())
+    done = {passkey_key(r.method, r.length, r.depth, r.trial) for r in previous}
     cells = [(L, d, t) for L in lengths for d in depths for t in range(trials)]
     bar = tqdm(total=len(methods) * len(cells), unit="trial")
     for spec, configs in methods.items():
@@ -168,7 +236,7 @@ def run_passkey(
         _with_method(model, configs, evaluate, site_options)
     bar.close()
     kept = store.records()  # (the tables cover every record of the folder, as for perplexity)
-    store.write_tables(kept, summarize_passkey([PasskeyRecord(**r) for r in kept]))
+    store.write_tables(kept, summarize_passkey(_records_as(PasskeyRecord, store, kept)))
     wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells}
     records = [r for r in kept if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]
     return summarize_passkey([PasskeyRecord(**r) for r in records])
