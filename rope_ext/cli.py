@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2,dca"
 DEFAULT_LENGTHS = "4k,8k,12k"
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_THREADS = 1024
+MAX_TRIALS = 10_000  # keys per cell: more is a typo, not a run
 
 
 def parse_method_spec(spec: str) -> list[MethodConfig]:
@@ -103,6 +105,49 @@ def _min_tokens(text: str) -> int:
     return 0 if text.strip() == "0" else parse_length(text)
 
 
+def _text(text: str) -> str:
+    """A value that must not be empty."""
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def _model(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty; give 'default', a folder written by save_pretrained, or a hub id")
+    if text != "default" and os.path.exists(text) and not os.path.isdir(text):
+        raise ValueError(f"{text!r} is a file; give 'default', a folder written by save_pretrained, or a hub id")
+    return text
+
+
+def _folder(text: str) -> str:
+    """A folder to write into: an existing folder, or a path that can be created as one."""
+    if not text.strip():
+        raise ValueError("must not be empty; give a folder (created if missing)")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{text!r} is a file; give a folder (created if missing)")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{text!r} cannot be created: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{text!r} cannot be written: no write permission in {str(parent)!r}")
+    return text
+
+
+def _dataset(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty; give a folder written by Dataset.save_to_disk, or a hub dataset name")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise ValueError(
+            f"{text!r} is a file; give a folder written by Dataset.save_to_disk (or a hub dataset name), or the "
+            "file to --text-files"
+        )
+    return text
+
+
 def _option(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse ``type`` whose ``ValueError`` message reaches the user (argparse would replace it)."""
 
@@ -116,7 +161,7 @@ def _option(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     def convert(text: str) -> int:
         try:
             value = int(text)
@@ -124,10 +169,19 @@ def _int_at_least(low: int) -> Callable[[str], int]:
             value = low - 1
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {text!r}")
         return value
 
     convert.__name__ = f"integer >= {low}"
     return convert
+
+
+def _seed(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"must be an integer, got {text!r}") from None
 
 
 # --- commands ---------------------------------------------------------------------------------------
@@ -152,8 +206,22 @@ def _cmd_families(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: str) -> None:
-    if Path(out).exists() and not Path(out).is_dir():
-        raise ValueError(f"--out {out!r} is a file; give a folder (created if missing)")
+    _folder(out)
+
+
+def _resolved(value: Any) -> Any:
+    """A local path resolved (``doc.txt`` and its absolute path, ``dir`` and ``dir/`` are one input); 'default',
+    hub ids and other values as they are."""
+    if isinstance(value, list):
+        return [_resolved(item) for item in value]
+    if isinstance(value, str) and value not in ("default", "kjv", "text files") and os.path.exists(value):
+        return os.path.realpath(value)
+    return value
+
+
+def _normalised(key: str, value: Any) -> Any:
+    """Run configuration values as compared: paths resolved (a folder's older run files kept them as given)."""
+    return _resolved(value) if key in ("model", "dataset", "text_files") else value
 
 
 def _load(args: argparse.Namespace):
@@ -184,10 +252,16 @@ def _load(args: argparse.Namespace):
     return model, tokenizer, native
 
 
+def _model_name(model: str) -> str:
+    if model == "default":
+        return "SmolLM2-135M-Instruct"
+    return Path(os.path.realpath(model)).name if os.path.isdir(model) else model
+
+
 def _common_run_config(args: argparse.Namespace, native: int) -> dict:
     return {
-        "model": args.model,
-        "model_name": "SmolLM2-135M-Instruct" if args.model == "default" else str(args.model),
+        "model": _resolved(args.model),
+        "model_name": _model_name(args.model),
         "dtype": args.dtype,
         "native_context": native,
         "site_options": _site_options(args),
@@ -228,48 +302,128 @@ def _finish(args: argparse.Namespace, out: Path) -> None:
             print(f"plot written to {path}")
 
 
-def _cmd_eval_ppl(args: argparse.Namespace) -> int:
-    from rope_ext.eval.data import load_documents, tokenize_documents
-    from rope_ext.eval.results import ResultStore
-    from rope_ext.eval.run import check_methods, plan_targets, run_perplexity, target_ends
-
-    # every check before anything is written: a failed run must not leave a configuration behind
+def _check_ppl_options(args: argparse.Namespace) -> None:
     lengths = args.lengths
     if args.protocol == "fixed" and args.target_tokens >= lengths[-1]:
         raise ValueError(
             f"--target-tokens {args.target_tokens} must be smaller than the longest of --lengths ({lengths[-1]}): "
             "the fixed protocol scores the last --target-tokens tokens of each length"
         )
+    if args.protocol == "fixed" and args.target_tokens >= lengths[0]:
+        short = ",".join(str(L) for L in lengths if L <= args.target_tokens)
+        raise ValueError(
+            f"--lengths {short}: not above --target-tokens {args.target_tokens}: the fixed protocol scores the last "
+            f"--target-tokens tokens of each length, with context before them; give lengths above "
+            f"{args.target_tokens}, or lower --target-tokens"
+        )
     if args.protocol == "sliding" and args.stride > lengths[0]:
         raise ValueError(f"--stride {args.stride} must be at most the shortest of --lengths ({lengths[0]})")
-    _check_out(args.out)
-    data = load_documents(args.dataset, args.text_files, args.split, args.text_column)
-    model, tokenizer, native = _load(args)
-    documents = tokenize_documents(data, tokenizer, min_tokens=args.min_tokens, max_documents=args.documents)
-    plan = plan_targets(documents, lengths, args.protocol, args.target_tokens)
-    if not any(plan.values()):
-        longest = max(d.num_tokens for d in documents)
-        also = f" and above --target-tokens {args.target_tokens}" if args.protocol == "fixed" else ""
-        raise ValueError(
-            f"--lengths {','.join(map(str, lengths))}: no document is that long (the longest has {longest} tokens); "
-            f"give lengths up to {longest}{also}, or longer texts"
+
+
+def _same_targets_config(previous: dict | None, args: argparse.Namespace) -> bool:
+    """Whether a folder's run scored its lengths the way this run would (protocol, target tokens, stride)."""
+    return bool(previous) and (previous.get("protocol"), previous.get("target_tokens"), previous.get("stride")) == (
+        args.protocol,
+        args.target_tokens if args.protocol == "fixed" else None,
+        args.stride if args.protocol == "sliding" else None,
+    )
+
+
+def _ppl_run(args: argparse.Namespace, every: list, target_lengths: list[int], native: int) -> tuple[list, dict]:
+    """The documents of the run and its configuration, for targets decided by ``target_lengths``."""
+    from rope_ext.eval.run import plan_targets, target_ends
+
+    lengths = args.lengths
+    if not every:
+        raise ValueError("the data holds no document")
+    longest = every[0]  # (longest first)
+    also = f" and above --target-tokens {args.target_tokens}" if args.protocol == "fixed" else ""
+
+    def unfilled(too_long: list[int]) -> ValueError:
+        named = ",".join(map(str, too_long))
+        whose = "" if set(too_long) & set(lengths) else " (the results folder's, which this run resumes)"
+        return ValueError(
+            f"--lengths {named}{whose}: no document is that long (the longest, {longest.title!r}, has "
+            f"{longest.num_tokens} tokens); give lengths up to {longest.num_tokens}{also}, or longer texts"
         )
-    check_methods(model, args.methods, _site_options(args))
-    print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
+
+    # by default a document must provide the longest length: a short run keeps short documents
+    min_tokens = args.min_tokens if args.min_tokens is not None else max(target_lengths)
+    documents = [d for d in every if d.num_tokens >= min_tokens][: args.documents]
+    if not documents:
+        if args.min_tokens is None:
+            raise unfilled([L for L in target_lengths if L > longest.num_tokens])
+        raise ValueError(
+            f"--min-tokens {min_tokens}: no document has at least {min_tokens} tokens (the longest, "
+            f"{longest.title!r}, has {longest.num_tokens}); lower --min-tokens or give longer texts"
+        )
+    plan = plan_targets(documents, target_lengths, args.protocol, args.target_tokens)
+    missing = [L for L in lengths if not any(L in spans for spans in plan.values())]
+    if missing:  # (a --min-tokens below them): a length no document provides is an error, never a skip
+        raise unfilled(missing)
     run_config = _common_run_config(args, native) | {
         "kind": "perplexity",
         "protocol": args.protocol,
         "target_tokens": args.target_tokens if args.protocol == "fixed" else None,
         "stride": args.stride if args.protocol == "sliding" else None,
-        "dataset": args.dataset or ("text files" if args.text_files else "kjv"),
-        "text_files": args.text_files,
-        "split": args.split,
+        "dataset": _resolved(args.dataset) or ("text files" if args.text_files else "kjv"),
+        "text_files": _resolved(args.text_files),
+        "split": args.split or "train",
         "text_column": args.text_column,
-        "min_tokens": args.min_tokens,
+        "min_tokens": min_tokens,
         "documents": args.documents,
+        "lengths": target_lengths,
         "target_end": target_ends(plan),
+        "document_sha256": {d.title: d.fingerprint() for d in documents},
     }
-    store = ResultStore(args.out, "ppl", run_config, overwrite=args.overwrite)
+    return documents, run_config
+
+
+#: run configuration keys that may change when a folder resumes: the lengths (added as the protocol allows,
+#: see ``added_lengths_problem``), the target ends they decide, the label, and how the documents were chosen
+#: (they are compared by title and content, ``document_sha256``)
+_MAY_CHANGE = ("model_name", "lengths", "target_end", "min_tokens", "documents")
+_LABELS = {"document_sha256": "the document changed: same name, other text"}
+
+
+def _cmd_eval_ppl(args: argparse.Namespace) -> int:
+    from rope_ext.eval.data import load_documents, tokenize_documents
+    from rope_ext.eval.results import ResultStore
+    from rope_ext.eval.run import added_lengths_problem, check_methods, folder_lengths, run_perplexity
+
+    # every check before anything is written: a failed run must not leave a configuration behind
+    _check_ppl_options(args)
+    _check_out(args.out)
+    given = [option for option, value in (("--split", args.split), ("--text-column", args.text_column)) if value]
+    if given and not args.dataset:
+        raise ValueError(f"{' and '.join(given)}: only for --dataset (text files and the default corpus have neither)")
+    args.text_column = args.text_column or "text"
+    store = ResultStore(args.out, "ppl", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
+    data = load_documents(args.dataset, args.text_files, args.split, args.text_column)
+    model, tokenizer, native = _load(args)
+    every = tokenize_documents(data, tokenizer)
+    lengths = args.lengths
+    # resuming: the folder's lengths decide the targets with this run's, so that lengths can be added alone
+    folder = folder_lengths(store.previous, store.records()) if _same_targets_config(store.previous, args) else []
+    target_lengths = sorted({*lengths, *folder})
+    documents, run_config = _ppl_run(args, every, target_lengths, native)
+    store.configure(run_config, may_change=_MAY_CHANGE, normalise=_normalised, unchecked=("document_sha256",),
+                    labels=_LABELS)
+    if folder and not store.stale:
+        problem = added_lengths_problem(documents, folder, lengths, args.protocol, args.target_tokens)
+        if problem:
+            store.refuse(problem)
+    if folder and store.stale:  # --overwrite: this run's lengths alone
+        target_lengths = lengths
+        documents, run_config = _ppl_run(args, every, target_lengths, native)
+        store.configure(run_config)
+    check_methods(model, args.methods, _site_options(args))
+    print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
+    if set(target_lengths) != set(lengths):
+        print(
+            f"resuming {args.out}: the positions scored follow its lengths with this run's "
+            f"({','.join(map(str, target_lengths))}); evaluating {','.join(map(str, lengths))}"
+        )
     summary = run_perplexity(
         model,
         documents,
@@ -280,6 +434,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         target_tokens=args.target_tokens,
         stride=args.stride,
         site_options=_site_options(args),
+        target_lengths=target_lengths,
     )
     _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; native context {native})")
     _finish(args, Path(args.out))
@@ -287,20 +442,22 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_passkey(args: argparse.Namespace) -> int:
-    from rope_ext.eval.passkey import passkey_prompt
+    from rope_ext.eval.passkey import prompt_overhead
     from rope_ext.eval.results import ResultStore
     from rope_ext.eval.run import check_methods, run_passkey
 
     _check_out(args.out)
+    store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     model, tokenizer, native = _load(args)
-    for length in args.lengths:
-        try:
-            passkey_prompt(tokenizer, length, 0.5, "00000")
-        except ValueError as error:
-            raise ValueError(f"--lengths: {error}") from None
+    overhead = prompt_overhead(tokenizer)
+    if args.lengths[0] < overhead:
+        raise ValueError(
+            f"--lengths: length {args.lengths[0]} is too short for the passkey prompt ({overhead} tokens before "
+            "any filler)"
+        )
     check_methods(model, args.methods, _site_options(args))
     run_config = _common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
-    store = ResultStore(args.out, "passkey", run_config, overwrite=args.overwrite)
+    store.configure(run_config, may_change=("model_name",), normalise=_normalised)
     summary = run_passkey(
         model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
         site_options=_site_options(args),
@@ -315,8 +472,30 @@ def _cmd_eval_passkey(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    import json
+
     from rope_ext.eval.plot import plot_run
 
+    folder = Path(args.results)
+    if not folder.exists():
+        raise FileNotFoundError(f"{args.results}: no such folder; give a results folder (the --out of rope-ext eval)")
+    if not folder.is_dir():
+        raise ValueError(f"{args.results} is a file; give a results folder (the --out of rope-ext eval)")
+    found = [folder / name for name in ("ppl.json", "passkey.json") if (folder / name).exists()]
+    empty = []
+    for path in found:
+        try:
+            summary = json.loads(path.read_text()).get("summary")
+        except (ValueError, AttributeError):
+            break  # (plot_run names a file rope-ext did not write)
+        if isinstance(summary, list) and not summary:
+            empty.append(path.name)
+    if found and len(empty) == len(found):
+        raise ValueError(
+            f"{' and '.join(empty)} in {args.results} {'hold' if len(empty) > 1 else 'holds'} no results (an empty "
+            "summary): nothing to plot; "
+            "run `rope-ext eval ...` into it first"
+        )
     for path in plot_run(args.results):
         print(f"plot written to {path}")
     return 0
@@ -337,7 +516,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: str, out: str) -> None:
-    parser.add_argument("--model", default="default", help="'default' (embedded SmolLM2-135M), a folder or a hub id")
+    parser.add_argument(
+        "--model", type=_option(_model), default="default",
+        help="'default' (embedded SmolLM2-135M), a folder or a hub id",
+    )
     parser.add_argument(
         "--methods",
         type=_option(parse_methods),
@@ -358,9 +540,15 @@ def _add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: s
         help="comma-separated layer types to patch on models with several (Gemma 3: default full_attention)",
     )
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--threads", type=_int_at_least(0), default=0, help="torch threads (default 0: torch's choice)")
-    parser.add_argument("--out", default=out, help="results folder (default: %(default)s)")
-    parser.add_argument("--overwrite", action="store_true", help="replace results of a different configuration")
+    parser.add_argument(
+        "--threads", type=_int_at_least(0, MAX_THREADS), default=0, help="torch threads (default 0: torch's choice)"
+    )
+    parser.add_argument("--out", type=_option(_folder), default=out, help="results folder (default: %(default)s)")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the folder's results where this run cannot resume them (another configuration or document, "
+        "lengths that move the targets, unreadable files)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="do not plot at the end")
 
 
@@ -382,13 +570,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--stride", type=_int_at_least(1), default=256, help="sliding protocol: window stride (default: %(default)s)"
     )
     data = ppl.add_mutually_exclusive_group()
-    data.add_argument("--dataset", help="a folder saved with Dataset.save_to_disk, or a hub dataset name (online)")
-    data.add_argument("--text-files", nargs="+", help="plain-text files (UTF-8), one document each")
-    ppl.add_argument("--split", default="train")
-    ppl.add_argument("--text-column", default="text")
+    data.add_argument(
+        "--dataset", type=_option(_dataset),
+        help="a folder saved with Dataset.save_to_disk, or a hub dataset name (online)",
+    )
+    data.add_argument(
+        "--text-files", nargs="+", type=_option(_text), help="plain-text files (UTF-8), one document each"
+    )
+    ppl.add_argument("--split", type=_option(_text), help="--dataset's split (default: train)")
+    ppl.add_argument("--text-column", type=_option(_text), help="--dataset's text column (default: text)")
     ppl.add_argument(
-        "--min-tokens", type=_option(_min_tokens), default="32k",
-        help="keep documents at least this long (default: %(default)s)",
+        "--min-tokens", type=_option(_min_tokens), default=None,
+        help="keep documents at least this long (default: the longest length, with the results folder's when "
+        "resuming: every document provides every length)",
     )
     ppl.add_argument(
         "--documents", type=_int_at_least(1), default=1, help="at most this many documents, longest first (default: 1)"
@@ -401,12 +595,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--depths", type=_option(parse_depths), default="0.1,0.5,0.9", help="relative key positions in [0, 1] "
         "(default: %(default)s)"
     )
-    passkey.add_argument("--trials", type=_int_at_least(1), default=2, help="keys per cell (default: %(default)s)")
-    passkey.add_argument("--seed", type=int, default=0)
+    passkey.add_argument(
+        "--trials", type=_int_at_least(1, MAX_TRIALS), default=2, help="keys per cell (default: %(default)s)"
+    )
+    passkey.add_argument("--seed", type=_option(_seed), default=0, help="chooses the keys (default: %(default)s)")
     passkey.set_defaults(func=_cmd_eval_passkey)
 
     plot = sub.add_parser("plot", help="draw the plots of a results folder")
-    plot.add_argument("results")
+    plot.add_argument("results", type=_option(_text), help="a results folder (the --out of rope-ext eval)")
     plot.set_defaults(func=_cmd_plot)
     return parser
 

@@ -359,7 +359,7 @@ def _cli(tmp_path, checkpoint, text, *extra):
     return main(
         [
             "eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--min-tokens", "0",
-            "--lengths", "32,64,128,1024", "--target-tokens", "16", "--methods", "none,yarn:factor=4",
+            "--lengths", "32,64,128", "--target-tokens", "16", "--methods", "none,yarn:factor=4",
             "--out", str(tmp_path / "run"), *extra,
         ]
     )
@@ -494,10 +494,11 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
     assert {r["method"]: r["config"] for r in records} == {"none": [], "pi:factor=2": [pi]}
     capsys.readouterr()
     # another longest length would move the targets: refused before computing anything
-    for lengths, end in (("32,64,256", 256), ("32,64", 64)):
-        assert _ppl(checkpoint, out, text=text, lengths=lengths) == 2
-        assert (f"different configuration (differs in: target_end['doc.txt']: 128 before, {end} now); pass --overwrite"
-                in capsys.readouterr().err)
+    assert _ppl(checkpoint, out, text=text, lengths="32,64,256") == 2
+    assert ("results whose targets --lengths 256 would move: the fixed protocol scores the last 16 tokens before the "
+            "longest length, and the folder's is 128") in capsys.readouterr().err
+    # fewer lengths leave the folder's longest deciding the targets: nothing to compute
+    assert _ppl(checkpoint, out, text=text, lengths="32,64") == 0
     assert _jsonl(out / "ppl_records.jsonl") == records
     assert _ppl(checkpoint, out, "--overwrite", text=text, lengths="32,64,256") == 0
     assert {(r["start"], r["end"]) for r in _jsonl(out / "ppl_records.jsonl")} == {(240, 256)}
@@ -506,7 +507,8 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--lengths", "512,1k"], "--lengths 512,1024: no document is that long (the longest has 400 tokens)"),
+        (["--lengths", "512,1k"], "--lengths 512,1024: no document is that long (the longest, 'doc.txt', has 400 "
+         "tokens); give lengths up to 400 and above --target-tokens 16, or longer texts"),
         (["--text-files", "{empty}"], "--text-files: {empty} is empty"),
         (["--documents", "0"], "argument --documents: must be an integer >= 1, got '0'"),
         (["--target-tokens", "0"], "argument --target-tokens: must be an integer >= 1, got '0'"),
@@ -519,7 +521,7 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
         (["--min-tokens", "-5"], "argument --min-tokens: malformed length '-5'; use a number of tokens"),
         (["--model", "{tmp}/no-model"], "--model '{tmp}/no-model': cannot load it (no such folder"),
         (["--model", "{tmp}"], "--model '{tmp}': cannot load it (a folder: "),
-        (["--out", "{file}"], "--out '{file}' is a file; give a folder"),
+        (["--out", "{file}"], "argument --out: '{file}' is a file; give a folder"),
         (["--dataset", "{tmp}/no-data"], "--dataset '{tmp}/no-data': "),
         (["--text-files", "{binary}"], "--text-files: {binary} is not UTF-8 text"),
         (["--methods", "none,longrope:long_factor=[1,2]"], "method 'longrope:long_factor=[1,2]' cannot patch this "
