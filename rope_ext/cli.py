@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -187,13 +189,59 @@ def _seed(text: str) -> int:
 # --- commands ---------------------------------------------------------------------------------------
 
 
+def _method_doc(cls: type) -> str:
+    """A method config's docstring; for a config without one, its entry in its module's docstring
+    (``* ``name`` -- ...``); dataclasses' generated ``Name(field: type = ...)`` is no documentation."""
+    doc = cls.__doc__ or ""
+    if doc.startswith(f"{cls.__name__}("):
+        doc = ""
+    if not doc.strip():
+        module = inspect.getmodule(cls)
+        pattern = rf"^\* ``{re.escape(cls.method)}`` -- (.*?)(?=^\* |^\S|\Z)"
+        match = re.search(pattern, (module.__doc__ or "") if module else "", flags=re.MULTILINE | re.DOTALL)
+        doc = match[1] if match else ""
+    return inspect.cleandoc(doc) if doc.strip() else ""
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     from rope_ext.methods import get_method_class, list_methods
 
-    for name in list_methods():
-        cls = get_method_class(name)
-        options = ", ".join(cls.option_names())
-        print(f"{name:14s} hook={cls.hook:11s} options: {options}")
+    if args.name is None:
+        names = list_methods()
+        width = max(len(name) for name in names) + 2
+        for name in names:
+            cls = get_method_class(name)
+            meaning = (_method_doc(cls).splitlines() or ["(no description)"])[0]
+            print(f"{name:{width}s}{cls.hook:12s} {meaning}")
+        print("\n`rope-ext methods NAME`: a method's options, their types and defaults, and its documentation")
+        return 0
+    cls = get_method_class(args.name.strip())  # (unknown: ValueError naming the valid methods)
+    print(f"{cls.method} (hook kind: {cls.hook})\n")
+    doc = _method_doc(cls)
+    if doc:
+        print(doc + "\n")
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    rows = []
+    for name in cls.option_names():
+        field = fields[name]
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+        if default is dataclasses.MISSING:
+            shown = "(required)"
+        elif default is None:
+            shown = "None: derived when patching (from the model's context and the other options)"
+        else:
+            shown = repr(default)
+        rows.append((name, kind, shown))
+    print("options (set in a spec as name:option=value):")
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for name, kind, shown in rows:
+        print(f"  {name:{widths[0]}s}  {kind:{widths[1]}s}  {shown}")
     return 0
 
 
@@ -555,7 +603,11 @@ def _add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: s
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rope-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("methods", help="list the registered methods and their options").set_defaults(func=_cmd_methods)
+    methods = sub.add_parser(
+        "methods", help="list the registered methods; with a NAME, its options, their defaults and its documentation"
+    )
+    methods.add_argument("name", nargs="?", help="a method: its options (types, defaults) and documentation")
+    methods.set_defaults(func=_cmd_methods)
     sub.add_parser("families", help="list the supported model families").set_defaults(func=_cmd_families)
 
     evaluate = sub.add_parser("eval", help="evaluate methods").add_subparsers(dest="evaluation", required=True)

@@ -254,6 +254,38 @@ def test_min_tokens_defaults_to_the_longest_length(tmp_path, tiny_checkpoint, ca
             in capsys.readouterr().err)
 
 
+# --- 6. rope-ext methods ------------------------------------------------------------------------------
+
+
+def test_methods_lists_hook_kinds_and_meanings(capsys):
+    import rope_ext
+    from rope_ext.methods import get_method_class
+
+    assert main(["methods"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in rope_ext.list_methods():
+        (line,) = [line for line in lines if line.split()[:1] == [name]]
+        assert line.split()[1] == get_method_class(name).hook and len(line.split()) > 3  # a meaning follows
+    assert any(re.match(r"dca +attention +Dual Chunk Attention", line) for line in lines)
+    assert any(re.match(r"pi +frequency +Position Interpolation", line) for line in lines)  # (from the module doc)
+
+
+def test_methods_name_shows_options_types_defaults_and_documentation(capsys):
+    assert main(["methods", "yarn"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("yarn (hook kind: frequency)")
+    assert re.search(r"^  factor +float +1\.0$", out, flags=re.MULTILINE)
+    assert re.search(r"^  beta_fast +float +32\.0$", out, flags=re.MULTILINE)
+    assert re.search(r"^  original_max_position_embeddings +int \| None +None: derived when patching \(from the "
+                     r"model's context", out, flags=re.MULTILINE)
+    assert "YaRN" in out
+    assert main(["methods", "dca"]) == 0
+    out = capsys.readouterr().out
+    assert "Dual Chunk Attention" in out and "chunk_size" in out and "Defaults ``chunk_size = 3L/4``" in out
+    assert main(["methods", "yarm"]) == 2
+    assert "rope-ext: error: unknown method 'yarm'; valid methods: dca, dynamic_ntk" in capsys.readouterr().err
+
+
 # --- 7. every bad value: `rope-ext: error: ...` naming the option, status 2, nothing written -----------
 
 
