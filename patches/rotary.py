@@ -1,4 +1,4 @@
-"""Every family built on transformers' shared ``rotary_emb`` design, as rows of one table.
+"""Every family built on transformers' shared ``rotary_emb`` design, as rows of one table (resolved lazily).
 
 Such a model owns one rotary module (``model.model.rotary_emb``) holding ``inv_freq`` and
 ``attention_scaling`` and returning ``(cos, sin)`` that each attention layer applies with HF's
@@ -8,57 +8,79 @@ RoPE (Gemma 3: ``full_attention``; its sliding layers use a base of 10k and neve
 and the rope types a family's config class accepts natively (Phi-3 rewrites any but ``longrope``, so
 other methods are saved in the ``rope_ext`` block alone). A family with behaviour of its own gets its
 own module beside this one.
+
+Rows are plain names: importing rope_ext imports no modeling module. A model is matched by the classes of its
+own modules (their module path and name, through their base classes), so only the family of a model being
+patched is ever imported, and only then is its attention code read (does it dispatch through transformers'
+``AttentionInterface``?).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
 from torch import nn
 
-from rope_ext.hooks.attention import AttentionSite, attention_modules, dispatches_through_interface
+from rope_ext.hooks.attention import AttentionSite
 from rope_ext.hooks.base import Sites
 from rope_ext.hooks.rotary import RotarySite
+from rope_ext.patches.attention import attention_site, dispatches_through_interface
 from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
+
+_PREFIX = "transformers.models."
 
 
 class RotaryFamily(FamilyAdapter):
-    site_kinds = frozenset({RotarySite.kind, AttentionSite.kind})
+    """A family whose rotary module is the class ``class_name`` of ``transformers.models.<module>``."""
 
     def __init__(
         self,
         name: str,
-        rotary_classes: tuple[type[nn.Module], ...],
+        module: str,
+        class_name: str,
         default_layer_types: tuple[str, ...] | None = None,
         native_rope_types: frozenset[str] | None = None,
-        attention: bool = True,
     ) -> None:
-        if not attention:  # its attention never runs the registered function: frequency methods only
-            self.site_kinds = frozenset({RotarySite.kind})
         self.name = name
-        self.rotary_classes = rotary_classes
+        self.module = _PREFIX + module
+        self.class_name = class_name
         self.default_layer_types = default_layer_types
         self.native_rope_types = native_rope_types
+
+    @functools.cached_property
+    def site_kinds(self) -> frozenset[str]:  # type: ignore[override]
+        """Rotary and attention sites; rotary alone where the family's attention never runs the registered
+        function (reading its attention classes imports the modeling module: on first use only)."""
+        modeling = importlib.import_module(self.module)
+        classes = [c for _, c in inspect.getmembers(modeling, inspect.isclass)
+                   if c.__module__ == modeling.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)]
+        attention = bool(classes) and all(dispatches_through_interface(c) for c in classes)
+        return frozenset({RotarySite.kind, AttentionSite.kind}) if attention else frozenset({RotarySite.kind})
+
+    def _is_rotary(self, module: nn.Module) -> bool:
+        return any(c.__module__ == self.module and c.__name__ == self.class_name for c in type(module).__mro__)
 
     def rotary_sites(self, model: nn.Module) -> list[RotarySite]:
         return [
             RotarySite(self.name, parent, name, child, self.default_layer_types, self.native_rope_types)
             for parent, name, child in modules_outside_rope_ext(model)
-            if isinstance(child, self.rotary_classes)
+            if self._is_rotary(child)
         ]
 
     def matches(self, model: nn.Module) -> bool:
-        return bool(self.rotary_sites(model))
+        return any(self._is_rotary(child) for _, _, child in modules_outside_rope_ext(model))
 
     def locate(self, model: nn.Module) -> Sites:
         rotary = self.rotary_sites(model)
         config = getattr(model, "config", None) or rotary[0].config
         sites = {RotarySite.kind: rotary}
-        modules = attention_modules(model, rotary[0].config)
-        if modules and len(rotary) == 1:
-            sites[AttentionSite.kind] = [AttentionSite(self.name, modules, rotary[0])]
-        return Sites(config, sites)
+        if AttentionSite.kind in self.site_kinds and len(rotary) == 1:
+            site = attention_site(self.name, model, rotary[0].config)
+            if site is not None:
+                sites[AttentionSite.kind] = [site]
+        return Sites(config, sites, model)
 
 
 # family -> (module under transformers.models, rotary class[, table fields])
@@ -76,12 +98,15 @@ ROTARY_FAMILIES: dict[str, tuple] = {
     "gpt_neox": ("gpt_neox.modeling_gpt_neox", "GPTNeoXRotaryEmbedding"),
     "granite": ("granite.modeling_granite", "GraniteRotaryEmbedding"),
     "granitemoe": ("granitemoe.modeling_granitemoe", "GraniteMoeRotaryEmbedding"),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense.modeling_hunyuan_v1_dense", "HunYuanDenseV1RotaryEmbedding"),
     "llama": ("llama.modeling_llama", "LlamaRotaryEmbedding"),
+    "ministral": ("ministral.modeling_ministral", "MinistralRotaryEmbedding"),
     "mistral": ("mistral.modeling_mistral", "MistralRotaryEmbedding"),
     "mixtral": ("mixtral.modeling_mixtral", "MixtralRotaryEmbedding"),
     "nemotron": ("nemotron.modeling_nemotron", "NemotronRotaryEmbedding"),
     "olmo": ("olmo.modeling_olmo", "OlmoRotaryEmbedding"),
     "olmo2": ("olmo2.modeling_olmo2", "Olmo2RotaryEmbedding"),
+    "olmo3": ("olmo3.modeling_olmo3", "Olmo3RotaryEmbedding"),
     "olmoe": ("olmoe.modeling_olmoe", "OlmoeRotaryEmbedding"),
     "persimmon": ("persimmon.modeling_persimmon", "PersimmonRotaryEmbedding"),
     "phi": ("phi.modeling_phi", "PhiRotaryEmbedding"),
@@ -96,15 +121,5 @@ ROTARY_FAMILIES: dict[str, tuple] = {
     "starcoder2": ("starcoder2.modeling_starcoder2", "Starcoder2RotaryEmbedding"),
 }
 
-
-def _attention_dispatches(module) -> bool:
-    """Whether every attention class of a modeling module runs ``AttentionInterface``'s function."""
-    classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
-               if c.__module__ == module.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)]
-    return bool(classes) and all(dispatches_through_interface(c) for c in classes)
-
-
 for _name, (_module, _class, *_fields) in ROTARY_FAMILIES.items():
-    _modeling = importlib.import_module(f"transformers.models.{_module}")
-    _options = dict(_fields[0]) if _fields else {}
-    register_family(RotaryFamily(_name, (getattr(_modeling, _class),), attention=_attention_dispatches(_modeling), **_options))
+    register_family(RotaryFamily(_name, _module, _class, **(dict(_fields[0]) if _fields else {})))

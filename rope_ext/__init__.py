@@ -1,6 +1,6 @@
 """rope_ext: extend the context window of pretrained Hugging Face models by swapping their position encoding."""
 
-from rope_ext.core import get_patch, patch, patched, unpatch
+from rope_ext.core import get_patch, patch, patched, summary, unpatch
 from rope_ext.methods import list_methods
 from rope_ext.models import from_pretrained, load_default_model
 from rope_ext.patches import list_families
@@ -15,5 +15,6 @@ __all__ = [
     "load_default_model",
     "patch",
     "patched",
+    "summary",
     "unpatch",
 ]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,11 +21,14 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from rope_ext.hooks.base import PatchPlan, PlanBuilder, RopeExtModule, get_hook
-from rope_ext.methods import MethodConfig, get_method_class, list_methods, make_configs
+from rope_ext.hooks.attention import installed_programs
+from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtModule, get_hook
+from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, container_of
+from rope_ext.methods import HOOK_ATTENTION, MethodConfig, get_method_class, list_methods, make_configs
 from rope_ext.patches import CONFIG_KEY, find_family
 
 STATE_ATTR = "_rope_ext_state"
+_logger = logging.getLogger("rope_ext")
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
@@ -67,6 +72,8 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     anchor = _anchor(model)
     family = find_family(anchor)
     sites = family.locate(anchor)
+    if sites.model is None:
+        sites.model = anchor
     site_options = {
         name: default for kind in sites.by_kind.values() for site in kind for name, default in site.options.items()
     }
@@ -82,8 +89,9 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
         ) from None
     for config in configs:
         if config.hook not in family.hooks:
+            article = "an" if config.hook[:1] in "aeiou" else "a"
             raise ValueError(
-                f"method {config.method!r} needs a {config.hook!r} hook, which family {family.name!r} does not "
+                f"method {config.method!r} needs {article} {config.hook!r} hook, which family {family.name!r} does not "
                 f"support; methods for {family.name}: {', '.join(methods_for(family.hooks))}"
             )
 
@@ -91,15 +99,25 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     for config in configs:
         get_hook(config.hook).plan(builder, config)
     builder.edit_config(sites.config, CONFIG_KEY, _saved_block(builder, configs, given))
+    _warn_beyond_range(builder, anchor)
     _refuse_shared_configs(model, builder)
     builder.plan.apply()
     setattr(anchor, STATE_ATTR, PatchState(configs, builder.plan))
     return model
 
 
-def unpatch(model: ModelT) -> ModelT:
-    """Restore every module and config value ``patch`` replaced; raises if ``model`` is not patched."""
+def unpatch(model: ModelT, *, discard_trained: bool = False) -> ModelT:
+    """Restore every module and config value ``patch`` replaced; raises if ``model`` is not patched.
+
+    Raises ``RuntimeError`` (changing nothing) when something the patch set was changed since (another value
+    set on a config attribute, a module replaced or wrapped, the attention implementation switched): restoring
+    blindly would undo that change. Parameters the patch owns (``model.rope_ext``) are removed with it; if they
+    were trained since patching, ``unpatch`` refuses unless ``discard_trained=True`` (save them first with
+    ``save_pretrained`` if they matter), as peft distinguishes ``unload`` from ``merge_and_unload``.
+    """
     _check_model(model)
+    if not isinstance(discard_trained, bool):
+        raise TypeError(f"discard_trained must be True or False, got {discard_trained!r}")
     found = _find_state(model)
     if found is None:
         replaced = _replaced_part(model)
@@ -110,6 +128,14 @@ def unpatch(model: ModelT) -> ModelT:
             )
         raise RuntimeError("model is not patched by rope_ext; nothing to unpatch")
     owner, state = found
+    trained = [key for edit in state.plan.edits if isinstance(edit, ContainerEdit) for key in edit.trained()]
+    if trained and not discard_trained:
+        raise RuntimeError(
+            f"the parameters this patch owns were trained since patching ({', '.join(trained[:6])}"
+            f"{', ...' if len(trained) > 6 else ''}); unpatching removes them. Save the model first "
+            "(save_pretrained; rope_ext.from_pretrained restores them), then call "
+            "rope_ext.unpatch(model, discard_trained=True)"
+        )
     state.plan.revert()
     del owner.__dict__[STATE_ATTR]
     return model
@@ -139,17 +165,63 @@ def get_patch(model: nn.Module, *, resolved: bool = False) -> MethodConfig | tup
 
 
 @contextlib.contextmanager
-def patched(model: ModelT, method: Any, **options: Any) -> Iterator[ModelT]:
-    """``with rope_ext.patched(model, "ntk", factor=2): ...`` -- patched inside, restored on exit."""
+def patched(model: ModelT, method: Any, *, discard_trained: bool = False, **options: Any) -> Iterator[ModelT]:
+    """``with rope_ext.patched(model, "ntk", factor=2): ...`` -- patched inside, restored on exit (``unpatch``'s
+    rules: parameters trained inside the block are discarded on exit only with ``discard_trained=True``)."""
     patch(model, method, **options)
     try:
         yield model
     except BaseException:
         if _find_state(model) is not None:  # the body may have unpatched already: keep its exception
-            unpatch(model)
+            unpatch(model, discard_trained=discard_trained)
         raise
     if _find_state(model) is not None:  # the body may have unpatched already
-        unpatch(model)
+        unpatch(model, discard_trained=discard_trained)
+
+
+def summary(model: nn.Module) -> str:
+    """What the patch on ``model`` changed, as text (peft's ``print_trainable_parameters`` for rope_ext): the
+    methods with the values in use, the rotary module replaced, each group of attention layers with its
+    program, and the parameters the patch owns."""
+    _check_model(model)
+    found = _find_state(model)
+    if found is None:
+        return "not patched by rope_ext"
+    owner, state = found
+    methods = [get_hook(config.hook).in_use(owner, config) for config in state.methods]
+    lines = [f"rope_ext patch: {' + '.join(_spec_of(config) for config in methods)}"]
+    for name, module in owner.named_modules():
+        if isinstance(module, RopeExtModule) and hasattr(module, "extra_repr") and name.endswith("rotary_emb"):
+            lines.append(f"  {name}: {type(module).__name__}({module.extra_repr()})")
+    programs: dict[str, list[int]] = {}
+    for module, program in installed_programs(owner):
+        key = f"{program.layer_type or 'layers'}: {program.describe()}"
+        programs.setdefault(key, []).append(getattr(module, "layer_idx", -1))
+    for key, indices in programs.items():
+        lines.append(f"  attention {_ranges(indices)} ({key})")
+    container = container_of(owner)
+    if container is not None:
+        total = sum(p.numel() for p in container.parameters())
+        trainable = sum(p.numel() for p in container.parameters() if p.requires_grad)
+        lines.append(f"  parameters owned: {total:,} ({trainable:,} trainable) under '{PARAMS_ATTR}.'")
+    return "\n".join(lines)
+
+
+def _spec_of(config: MethodConfig) -> str:
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    values = config.to_dict()
+    options = [f"{k}={values[k]}" for k in config.option_names() if values[k] != defaults.get(k)]
+    return ":".join([config.method, *options])
+
+
+def _ranges(indices: list[int]) -> str:
+    indices = sorted(indices)
+    parts, start = [], indices[0]
+    for a, b in zip(indices, indices[1:] + [None]):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ("layer " if len(indices) == 1 else "layers ") + ",".join(parts)
 
 
 def methods_for(hooks: frozenset[str]) -> list[str]:
@@ -269,7 +341,8 @@ def _refuse_shared_configs(model: nn.Module, builder: PlanBuilder) -> None:
     configs = {id(e.obj): e.obj for e in builder.config_edits}
     for config in configs.values():
         known = sum(1 for m in own for value in vars(m).values() if value is config)
-        known += sum(1 for e in edits if e.obj is config)
+        known += sum(1 for e in edits if getattr(e, "obj", None) is config)
+        known += sum(1 for e in edits for c in getattr(e, "configs", ()) if c is config)
         if sys.getrefcount(config) - known <= _OWN_TEMPORARY_REFERENCES:
             continue
         foreign = _foreign_modules(config, own)
@@ -282,3 +355,88 @@ def _refuse_shared_configs(model: nn.Module, builder: PlanBuilder) -> None:
                 "not part of this one); patching would change both. Give each model its own config, e.g. build "
                 "the other from copy.deepcopy(config)"
             )
+
+
+# --- the intended range of a patch ---------------------------------------------------------------------
+
+#: transformers' generation reminder, which quotes ``config.max_position_embeddings`` (``MaxLengthCriteria``)
+_REMINDER = "This is a friendly reminder - the current text generation call has exceeded the model's predefined maximum length ({})"
+
+
+@dataclass(eq=False)
+class _RangeWarning:
+    """Forward pre-hook of the patched model: warns once when a forward's sequence (input plus cache) passes the
+    longest one its methods were made for."""
+
+    method: str
+    limit: int
+    warned: bool = False
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if self.warned:
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if not hasattr(ids, "shape") or ids.dim() < 2:
+            return
+        cache = kwargs.get("past_key_values")
+        cached = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+        length = int(ids.shape[1]) + int(cached)
+        if length > self.limit:
+            self.warned = True
+            _logger.warning(
+                f"rope_ext: a sequence of {length} tokens is beyond what {self.method} was made for ({self.limit} "
+                "tokens: past it, remapped distances exceed the trained ones, or the frequency scaling ends); "
+                "expect degraded outputs. (Warned once per patch.)"
+            )
+
+
+@dataclass(eq=False)
+class _ReminderFilter(logging.Filter):
+    """Drops transformers' "exceeded the model's predefined maximum length" reminder for a length this patch
+    extends past (the patch warns by its own range instead)."""
+
+    length: int
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_REMINDER.format(self.length))
+
+
+@dataclass
+class _FilterEdit:
+    """Add a logging filter while patched."""
+
+    logger: logging.Logger
+    filter: logging.Filter
+
+    def apply(self) -> None:
+        self.logger.addFilter(self.filter)
+
+    def changed(self) -> None:
+        return None
+
+    def revert(self) -> None:
+        self.logger.removeFilter(self.filter)
+
+
+def _warn_beyond_range(builder: PlanBuilder, anchor: nn.Module) -> None:
+    """Install the range warning of the plan's methods (an attention method's range when there is one, else a
+    frequency method's), and silence transformers' reminder where the patch reaches past it."""
+    ranges = builder.memo.get("ranges", {})
+    if not ranges:
+        return
+    method, limit = ranges.get(HOOK_ATTENTION) or next(iter(ranges.values()))
+    if limit is not None:
+        builder.plan.edits.append(ForwardPreHookEdit(anchor, _RangeWarning(method, limit)))
+    config = getattr(anchor, "config", None)
+    claimed = getattr(config, "max_position_embeddings", None)
+    for edit in builder.config_edits:
+        if edit.obj is config and edit.name == "max_position_embeddings":
+            claimed = edit.new
+    if isinstance(claimed, int) and (limit is None or limit > claimed):
+        target = logging.getLogger("transformers.generation.stopping_criteria")
+        builder.plan.edits.append(_FilterEdit(target, _ReminderFilter(claimed)))

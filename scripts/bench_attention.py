@@ -67,17 +67,21 @@ def _prompt(length: int):
 
 
 def _child(config: str, length: int, threads: int) -> dict:
+    import contextlib
+
     import rope_ext
-    from rope_ext.hooks.attention import installed_hooks
+    from rope_ext.attention.program import kernel_override
+    from rope_ext.attention.reference import program_reference, two_matrix_kernel
 
     torch.set_num_threads(threads)
     model, ids = _prompt(length)
+    strategy = contextlib.nullcontext()
     if config != "sdpa":
         method, _, path = config.partition("@")
         rope_ext.patch(model, method)
-        for hook in installed_hooks(model):
-            hook.path = path or "fast"
-    with torch.no_grad():
+        if path:  # the baseline strategies run through the kernel table's override, not the production programs
+            strategy = kernel_override({"two_matrix": two_matrix_kernel, "reference": program_reference}[path])
+    with torch.no_grad(), strategy:
         model(input_ids=ids[:, :256], logits_to_keep=1)  # warm-up
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         began = time.perf_counter()

@@ -3,6 +3,7 @@ cache, combinations, isolation between models, save/reload and bad values (tiny 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -11,11 +12,12 @@ import torch
 from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_config, tiny_model
 
 import rope_ext
-from rope_ext.attention import kernels
-from rope_ext.attention.reference import reference_attention
+from rope_ext.attention import key_cache, kernels, rules
+from rope_ext.attention.key_cache import NOWHERE, ROTATED_ATTR, KeyRotation
+from rope_ext.attention.program import PositionRule, kernel_override
+from rope_ext.attention.reference import program_reference, reference_attention
 from rope_ext.hooks import attention as attention_hooks
-from rope_ext.hooks.attention import ROTATED_ATTR, rotate, rotate_at_zero
-from rope_ext.hooks.rotary import rope_cos_sin
+from rope_ext.methods.rope import rope_cos_sin, rotate, rotate_at_zero
 from rope_ext.methods.windows import rerope_positions
 
 FAMILIES = ["llama", "qwen2", "gemma3", "gpt_neox", "phi3"]
@@ -39,14 +41,23 @@ def _patch(model, method, options):
     return rope_ext.patch(model, method, **(options or {}))
 
 
-def _hooks(model):
-    return list(attention_hooks.installed_hooks(model))
+def _programs(model):
+    return [program for _, program in attention_hooks.installed_programs(model)]
 
 
-def _set(model, **values):
-    for hook in _hooks(model):
-        for name, value in values.items():
-            setattr(hook, name, value)
+def _rules(model):
+    """The position rules of the layers a method applies to (their ``rule`` set)."""
+    return [p.rule for p in _programs(model) if p.rule is not None and p.rule.rule is not None]
+
+
+def reference():
+    """Every program runs the plain formula (full score matrices in float64) while the block runs."""
+    return kernel_override(program_reference)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(kernels, "TILE", 16)  # several tiles per region
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +84,7 @@ def test_window_beyond_the_sequence_gives_the_unpatched_logits(models, family, m
     assert torch.equal(logits(model, ids), before)  # unpatch is bit-exact
 
 
-def test_rerope_scores_depend_only_on_min_distance_and_window():
+def test_rerope_scores_depend_only_on_min_distance_and_window(monkeypatch):
     """The fast path against full score matrices built from ``min(i - j, w)`` (written out here, not the
     method's own mapping), over lengths around and beyond the window, tile sizes that split it, GQA."""
     torch.manual_seed(0)
@@ -83,11 +94,10 @@ def test_rerope_scores_depend_only_on_min_distance_and_window():
         i, j = torch.arange(n)[:, None], torch.arange(n)[None]
         rel = torch.minimum(i - j, torch.full_like(i - j, w))
         expected = reference_attention(q, k, v, rel[None], inv_freq, allowed=(i >= j)[None], scaling=0.25)
-        hook = rope_ext.hooks.AttentionHook(None, None, 10**6, tile=tile)
-        hook.method = rope_ext.methods.ReRopeConfig(w=w)
+        monkeypatch.setattr(kernels, "TILE", tile)
         acc = kernels.Accumulator(q, 16)
-        keys = attention_hooks._KeyRotation(hook, attention_hooks._Keep(None, None, None), inv_freq, 1.0)
-        hook._window(acc, hook.method, q, k, v, 0.25, 0, torch.arange(n).float(), keys)
+        keys = KeyRotation(None, NOWHERE, inv_freq, 1.0)
+        rules.window(acc, rope_ext.methods.ReRopeConfig(w=w), q, k, v, 0.25, torch.arange(n).float(), keys, None)
         torch.testing.assert_close(acc.out, expected.float(), rtol=0, atol=2e-6)
     assert torch.equal(rerope_positions(i, j, w), rel)
 
@@ -210,23 +220,22 @@ def test_rotate_in_place_is_bit_exact_with_transformers_formula(dtype):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method,options", METHODS, ids=IDS)
-def test_fast_path_matches_reference(models, family, method, options, monkeypatch):
+def test_fast_path_matches_reference(models, family, method, options, monkeypatch, small_tiles):
     model = models[family]
     ids = input_ids(3 * L + 7, batch=2)
     monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)  # several query blocks, not aligned with the tiles
     with rope_ext.patched(model, method, **(options or {})):
-        _set(model, tile=16)  # several tiles per region
         fast = logits(model, ids)
-        _set(model, path="reference")
-        reference = logits(model, ids)
+        with reference():
+            reference_logits = logits(model, ids)
         unpatched_like = fast
-    torch.testing.assert_close(fast, reference, rtol=0, atol=2e-5)
+    torch.testing.assert_close(fast, reference_logits, rtol=0, atol=2e-5)
     assert (unpatched_like - logits(model, ids)).abs().max() > 1e-4  # the method changed something
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox"])
 @pytest.mark.parametrize("method,options", METHODS[:6], ids=IDS[:6])
-def test_left_padded_batch_equals_each_row_alone(models, family, method, options, monkeypatch):
+def test_left_padded_batch_equals_each_row_alone(models, family, method, options, monkeypatch, small_tiles):
     model = models[family]
     monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)
     long, short = input_ids(2 * L + 10, seed=3), input_ids(L + 5, seed=4)
@@ -235,7 +244,6 @@ def test_left_padded_batch_equals_each_row_alone(models, family, method, options
     mask = torch.ones_like(ids)
     mask[1, :pad] = 0
     with rope_ext.patched(model, method, **(options or {})):
-        _set(model, tile=16)
         batch = logits(model, ids, attention_mask=mask)
         alone = [logits(model, long), logits(model, short)]
     torch.testing.assert_close(batch[0], alone[0][0], rtol=0, atol=2e-5)
@@ -244,13 +252,12 @@ def test_left_padded_batch_equals_each_row_alone(models, family, method, options
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "phi3"])
 @pytest.mark.parametrize("method,options", METHODS[:-1], ids=IDS[:-1])
-def test_chunked_prefill_and_decode_equal_the_full_forward(models, family, method, options):
+def test_chunked_prefill_and_decode_equal_the_full_forward(models, family, method, options, small_tiles):
     from transformers import DynamicCache
 
     model = models[family]
     ids = input_ids(2 * L + 40)
     with rope_ext.patched(model, method, **(options or {})):
-        _set(model, tile=16)
         full = logits(model, ids)
         cache = DynamicCache(config=model.config)
         pieces, start = [], 0
@@ -331,7 +338,7 @@ def test_decode_rotates_only_the_new_keys(models, method, options, monkeypatch):
     model = models["llama"]
     ids = input_ids(2 * L + 40, seed=5)
     prompt, steps = ids[:, : 2 * L], ids[:, 2 * L :]
-    monkeypatch.setattr(attention_hooks, "GROWTH", 3)  # buffers run full and move every few steps
+    monkeypatch.setattr(key_cache, "GROWTH", 3)  # buffers run full and move every few steps
     with rope_ext.patched(model, method, **options):
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
@@ -341,20 +348,20 @@ def test_decode_rotates_only_the_new_keys(models, method, options, monkeypatch):
         kept = dict(vars(cache.layers[0])[ROTATED_ATTR])
         assert kept
         rotated_sizes = []
-        real_rotate = attention_hooks.rotate
+        real_rotate = key_cache.rotate
 
         def counting(x, positions, inv_freq, factor, out=None):
             if x.shape[1] == model.config.num_key_value_heads:  # keys (queries have all heads)
                 rotated_sizes.append(x.shape[2])
             return real_rotate(x, positions, inv_freq, factor, out=out)
 
-        monkeypatch.setattr(attention_hooks, "rotate", counting)
+        monkeypatch.setattr(key_cache, "rotate", counting)
         kept_steps = torch.cat([first, _decode(model, cache, steps[:, 1:])], 1)
-        monkeypatch.setattr(attention_hooks, "rotate", real_rotate)
+        monkeypatch.setattr(key_cache, "rotate", real_rotate)
         assert rotated_sizes and max(rotated_sizes) == 1  # never more than the key a step adds
         assert all(vars(cache.layers[0])[ROTATED_ATTR][slot] is memo for slot, memo in kept.items())
         assert any(memo.start > 0 for memo in kept.values()) == (method != "dca" and method != "string")  # bands move
-        monkeypatch.setattr(attention_hooks.AttentionHook, "remember_cache", lambda self, module, cache: None)
+        monkeypatch.setattr(attention_hooks, "cache_link", lambda layer: None)
         fresh = DynamicCache(config=model.config)
         with torch.no_grad():
             model(input_ids=prompt, past_key_values=fresh, use_cache=True)
@@ -455,12 +462,12 @@ def test_stale_copies_go_at_the_next_forward_and_refused_calls_keep_no_cache(mod
         assert not any(vars(layer)[ROTATED_ATTR] for layer in cache.layers)
         with pytest.raises(ValueError, match="padding mask over"):
             model(input_ids=ids[:, :1], past_key_values=cache, attention_mask=torch.ones(1, 5, dtype=torch.long))
-        assert all(hook.pending is None for hook in _hooks(model))
+        assert all(program.pending is None for program in _programs(model))
 
 
 def test_families_whose_attention_ignores_the_interface_are_refused_naming_what_works():
     falcon = tiny_model("falcon")
-    refused = r"'dca' needs a 'attention' hook, which family 'falcon' does not support; methods for falcon: .*yarn"
+    refused = r"'dca' needs an 'attention' hook, which family 'falcon' does not support; methods for falcon: .*yarn"
     with pytest.raises(ValueError, match=refused):
         rope_ext.patch(falcon, "dca")
     assert rope_ext.get_patch(falcon) is None
@@ -508,7 +515,7 @@ def test_unpatch_restores_attention_implementation_and_logits_bit_exactly(attn):
     assert set(model.state_dict()) == set(state)  # hooks are not submodules or buffers
     rope_ext.unpatch(model)
     assert model.config._attn_implementation == attn
-    assert not _hooks(model) and not any(m._forward_pre_hooks for m in model.modules())
+    assert not _programs(model) and not any(m._forward_pre_hooks for m in model.modules())
     assert torch.equal(logits(model, ids), before)
 
 
@@ -550,7 +557,7 @@ def test_get_patch_resolved_shows_the_values_in_use(tmp_path):
     yarn, dca, logn = rope_ext.get_patch(model, resolved=True)
     assert yarn == rope_ext.methods.YarnConfig(factor=4, original_max_position_embeddings=L)
     assert dca == rope_ext.methods.DualChunkConfig(original_max_position_embeddings=L, chunk_size=3 * L // 4, local_window=4)
-    assert {hook.method for hook in _hooks(model)} == {dca}
+    assert {term.rule for term in _rules(model)} == {dca}
     assert logn == rope_ext.methods.LogNConfig(original_max_position_embeddings=L)
     model.save_pretrained(tmp_path)
     reloaded = rope_ext.from_pretrained(tmp_path, dtype=torch.float32)
@@ -703,9 +710,9 @@ def test_sliding_layers_sharing_the_rotary_decode_past_their_window():
 def test_gemma3_sliding_layers_are_left_alone_by_default():
     model = tiny_model("gemma3")
     rope_ext.patch(model, "rerope")
-    by_type = {hook.layer_type: hook for hook in _hooks(model)}
-    assert by_type["full_attention"].method.method == "rerope" and by_type["full_attention"].rotary is not None
-    assert by_type["sliding_attention"].method is None and by_type["sliding_attention"].rotary is None
+    by_type = {program.layer_type: program for program in _programs(model)}
+    assert by_type["full_attention"].rule.rule.method == "rerope"
+    assert not by_type["sliding_attention"].terms  # rotated by the original module: plain attention
     rope_ext.unpatch(model)
     ids = input_ids(20)
     before = logits(model, ids)
@@ -749,8 +756,8 @@ def test_bad_values_raise_with_the_valid_range(method, options, message):
 def test_derived_options_fit_the_ones_given():
     model = tiny_model("llama")
     rope_ext.patch(model, "dca", chunk_size=4)  # local_window defaults below it
-    hooks = _hooks(model)
-    assert hooks and all(h.method.local_window == 3 and h.method.chunk_size == 4 for h in hooks)
+    terms = _rules(model)
+    assert terms and all(t.rule.local_window == 3 and t.rule.chunk_size == 4 for t in terms)
     rope_ext.unpatch(model)
 
 
@@ -792,20 +799,20 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
             assert rope_ext.get_patch(model) == (configs if spec != ["yarn"] else configs[0])
     with rope_ext.patched(model, "logn+dca+yarn", factor=4, original_max_position_embeddings=32):  # a model fact
         assert [c.original_max_position_embeddings for c in rope_ext.get_patch(model)] == [32, 32, 32]
-        assert {(hook.original, hook.method.chunk_size) for hook in _hooks(model)} == {(32, 24)}  # DCA's L too
+        assert {(term.original, term.rule.chunk_size) for term in _rules(model)} == {(32, 24)}  # DCA's L too
     # without a frequency method the attention method states L itself (not the model's, silently)
     stated = {"original_max_position_embeddings": 32}
     for spec, options in [("dca+logn", stated), ("dca:original_max_position_embeddings=32", {})]:
         with rope_ext.patched(model, spec, **options):
-            hooks = _hooks(model)
-            assert {(hook.original, hook.method.original, hook.method.chunk_size) for hook in hooks} == {(L, 32, 24)}
+            terms = _rules(model)
+            assert {(term.original, term.rule.original, term.rule.chunk_size) for term in terms} == {(L, 32, 24)}
             dca = rope_ext.get_patch(model)
             dca = dca[0] if isinstance(dca, tuple) else dca
             assert dca.original_max_position_embeddings == 32
             i = torch.arange(100.0)  # mscale counts from the stated L
             expected = rope_ext.methods.DualChunkConfig().query_scale(i, 32)
-            for hook in hooks:
-                assert torch.equal(hook.method.query_scale(i, hook.original), expected)
+            for term in terms:
+                assert torch.equal(term.rule.query_scale(i, term.original), expected)
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
         ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
@@ -842,7 +849,7 @@ def test_stated_length_is_checked_against_the_model():
         pi, dca, logn = rope_ext.get_patch(model)
         assert (pi.original_max_position_embeddings, dca.original_max_position_embeddings) == (None, 32)
         assert logn.original_max_position_embeddings == 32
-        assert {hook.method.chunk_size for hook in _hooks(model)} == {24}
+        assert {term.rule.chunk_size for term in _rules(model)} == {24}
     with pytest.raises(ValueError, match="pi: original_max_position_embeddings has no effect"):
         rope_ext.patch(model, "pi:factor=2:original_max_position_embeddings=32+dca")
     with pytest.raises(ValueError, match=r"string: S must be 2..the original context L - 1, so the original context L "
@@ -871,7 +878,7 @@ def _layers(family, layers, **config):
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def test_layers_without_rope_are_left_alone():
+def test_layers_without_rope_are_left_alone(small_tiles):
     """SmolLM3 applies no rotary embedding in its ``no_rope_layers`` (NoPE): the attention hook must not rotate
     their queries and keys (a window past the sequence gives the unpatched logits; fast == reference); EXAONE 4's
     hybrid model, NoPE full layers and sliding ones, has no layer for an attention method and says why."""
@@ -879,13 +886,12 @@ def test_layers_without_rope_are_left_alone():
     ids = input_ids(2 * L + 9)
     unpatched = logits(model, ids[:, : L - 4])
     with rope_ext.patched(model, "rerope", w=L - 1):  # a window past the sequence
-        assert [hook.rotary is None for hook in _hooks(model)] == [False, False, False, True]
+        assert [p.rule is None for p in _programs(model)] == [False, False, False, True]
         torch.testing.assert_close(logits(model, ids[:, : L - 4]), unpatched, rtol=0, atol=2e-5)
     with rope_ext.patched(model, "self_extend", G=4, W=8):
-        _set(model, tile=16)
         fast = logits(model, ids)
-        _set(model, path="reference")
-        torch.testing.assert_close(fast, logits(model, ids), rtol=0, atol=2e-5)
+        with reference():
+            torch.testing.assert_close(fast, logits(model, ids), rtol=0, atol=2e-5)
     hybrid = _layers("exaone4", 4, sliding_window=32, layer_types=["sliding_attention"] * 3 + ["full_attention"])
     with pytest.raises(ValueError, match=r"exaone4: 1 of its 4 layers use no positional encoding \(NoPE\) and the "
                                          "others sliding-window attention"):
@@ -902,12 +908,12 @@ def test_static_cache_and_softcapping_are_refused_clearly():
     with pytest.raises(ValueError, match="static .*cache"):
         model.generate(input_ids(100), max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
     ids = input_ids(20)
-    with pytest.raises(ValueError, match="custom position_ids"):
+    with pytest.raises(ValueError, match=r"increasing position_ids >= 0 per row .* Packed sequences"):
         model(input_ids=ids, position_ids=torch.cat([torch.arange(10), torch.arange(10)])[None])
     positions = torch.arange(20)[None]  # checked once per forward, not per layer: an in-place edit is seen
     model(input_ids=ids, position_ids=positions)
     positions[0, 10:] -= 10
-    with pytest.raises(ValueError, match="custom position_ids"):
+    with pytest.raises(ValueError, match="increasing position_ids"):
         model(input_ids=ids, position_ids=positions)
     rope_ext.unpatch(model)
     gemma2 = tiny_model("gemma2")

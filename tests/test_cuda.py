@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention import FAMILIES, IDS, L, METHODS, _set
+from test_attention import FAMILIES, IDS, L, METHODS, reference
 from tiny import input_ids, tiny_model
 
 import rope_ext
@@ -115,34 +115,30 @@ def test_regions_follow_the_sdpa_backends_switched_on(backends):
 
 def _noise_bound(model, ids, reference_fp32, **kwargs):
     """How far the reference path in the model's dtype lands from the float32 reference: the dtype's noise."""
-    _set(model, path="reference")
-    with torch.no_grad():
-        reference = model(input_ids=ids, **kwargs).logits.float()
-    _set(model, path="fast")
-    return (reference - reference_fp32).abs().max().item()
+    with reference(), torch.no_grad():
+        in_dtype = model(input_ids=ids, **kwargs).logits.float()
+    return (in_dtype - reference_fp32).abs().max().item()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method,options", METHODS, ids=IDS)
-def test_fast_path_matches_reference_on_cuda(family, method, options):
+def test_fast_path_matches_reference_on_cuda(family, method, options, monkeypatch):
     """float32: fast == reference (the efficient op, tiles); bfloat16: the fast path's distance to the float32
     reference is within the dtype's noise (twice the bfloat16 reference's own distance to it, plus 2e-2)."""
     model = tiny_model(family).to(CUDA)
     ids = input_ids(3 * L + 7, batch=2).to(CUDA)
+    monkeypatch.setattr(kernels, "TILE", 16)
     with rope_ext.patched(model, method, **(options or {})):
-        _set(model, tile=16)
         with torch.no_grad():
             fast = model(input_ids=ids).logits
-        _set(model, path="reference")
-        with torch.no_grad():
-            reference = model(input_ids=ids).logits
-        torch.testing.assert_close(fast, reference, rtol=0, atol=5e-5)
+        with reference(), torch.no_grad():
+            expected = model(input_ids=ids).logits
+        torch.testing.assert_close(fast, expected, rtol=0, atol=5e-5)
         model.to(torch.bfloat16)
-        _set(model, path="fast")
         with torch.no_grad():
             half = model(input_ids=ids).logits.float()
-        noise = _noise_bound(model, ids, reference)
-    error = (half - reference).abs().max().item()
+        noise = _noise_bound(model, ids, expected)
+    error = (half - expected).abs().max().item()
     assert error <= 2 * noise + 2e-2, f"bf16 fast path {error:.4f} from the fp32 reference; bf16 reference {noise:.4f}"
 
 

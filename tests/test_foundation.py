@@ -617,10 +617,43 @@ def test_replacing_a_scaling_that_states_no_original_length_needs_one():
     rope_ext.patch(model, "yarn", factor=2.0, original_max_position_embeddings=32, replace_scaling=True)
 
 
-def test_a_combination_writes_no_native_rope_parameters(tmp_path, toy_rotary_kind):
+@pytest.mark.parametrize(
+    ("methods", "alone", "native", "length"),
+    [
+        ([{"method": "yarn", "factor": 4.0}, "dca"], "yarn:factor=4", "yarn", 4 * ORIGINAL_CONTEXT),
+        ([{"method": "pi", "factor": 4.0}, "rerope"], "pi:factor=4", "linear", 4 * ORIGINAL_CONTEXT),
+        ([{"method": "ntk", "factor": 4.0}, "dca"], None, "default", ORIGINAL_CONTEXT),
+        (["dca"], None, "default", ORIGINAL_CONTEXT),
+        (["yarn:factor=4", "logn"], "yarn:factor=4", "yarn", 4 * ORIGINAL_CONTEXT),
+    ],
+    ids=["yarn+dca", "pi+rerope", "ntk+dca", "dca", "yarn+logn"],
+)
+def test_a_saved_patch_claims_only_what_plain_transformers_honours(tmp_path, methods, alone, native, length):
+    """config.json keeps the frequency method's native rope_parameters and its extended length where transformers
+    has the method (a plain from_pretrained gives that method alone, honestly), and otherwise the unpatched
+    rotation with the original length: never rope_type default beside a longer max_position_embeddings."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("llama")
+    ids = input_ids(LONG)
+    base = logits(model, ids)
+    rope_ext.patch(model, methods)
+    patched = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == native and saved["max_position_embeddings"] == length
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    expected = base
+    if alone is not None:  # plain transformers honours the frequency part
+        expected = logits(rope_ext.patch(tiny_model("llama"), alone), ids)
+    torch.testing.assert_close(logits(plain, ids), expected, rtol=0, atol=1e-5)
+    restored = rope_ext.from_pretrained(tmp_path)
+    assert torch.equal(logits(restored, ids), patched)
+
+
+def test_a_combination_with_a_toy_kind_keeps_the_native_frequency_part(toy_rotary_kind):
     model = tiny_model("llama")
     rope_ext.patch(model, [YarnConfig(factor=4.0), ToyTemperatureConfig()])
-    assert model.config.rope_parameters["rope_type"] == "default"  # a plain reload must not look like yarn alone
+    assert model.config.rope_parameters["rope_type"] == "yarn"  # what a plain reload can honour: yarn alone
     rope_ext.unpatch(model)
-    rope_ext.patch(model, YarnConfig(factor=4.0))
-    assert model.config.rope_parameters["rope_type"] == "yarn"
+    assert model.config.rope_parameters["rope_type"] == "default"

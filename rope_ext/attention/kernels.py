@@ -31,6 +31,7 @@ keys). The attention hook compacts padded rows to this form first.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -114,18 +115,23 @@ def _flash_cuda(q, k, v, scale, causal=False, left=-1, right=-1) -> tuple[torch.
     return out.transpose(1, 2).float(), lse
 
 
-def _efficient_cuda(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, torch.Tensor]:
+def _efficient_cuda(q, k, v, scale, allowed, causal, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten._scaled_dot_product_efficient_attention`` (no GQA: the key/value heads are repeated)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    bias = None
-    if allowed is not None:  # (the op wants the bias rows 16-byte aligned: a padded buffer, sliced)
-        n, m = allowed.shape
-        bias = torch.zeros(n, -(-m // 16) * 16, dtype=q.dtype, device=q.device)[:, :m]
-        bias = bias.masked_fill_(~allowed, float("-inf")).expand(q.shape[0], q.shape[1], n, m)
+    mask = None
+    if allowed is not None or bias is not None:  # (the op wants the bias rows 16-byte aligned: a padded buffer)
+        n, m = q.shape[2], k.shape[2]
+        heads = 1 if bias is None else bias.shape[0]
+        mask = torch.zeros(heads, n, -(-m // 16) * 16, dtype=q.dtype, device=q.device)[..., :m]
+        if bias is not None:
+            mask += bias.to(q.dtype)
+        if allowed is not None:
+            mask = mask.masked_fill_(~allowed, float("-inf"))
+        mask = mask.expand(q.shape[0], q.shape[1], n, m)
     out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, bias, True, 0.0, causal, scale=scale
+        q, k, v, mask, True, 0.0, causal, scale=scale
     )
     return out.float(), lse[..., : q.shape[2]]
 
@@ -137,29 +143,40 @@ def lse_attention(
     scale: float,
     allowed: torch.Tensor | None = None,
     causal: bool = False,
+    bias: torch.Tensor | None = None,
+    dropout: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q [b, h, n, d]`` over ``k, v [b, hk, m, d]`` (``h`` a multiple of ``hk``) with an
-    optional ``allowed [n, m]`` bool mask, or ``causal`` (query ``a`` sees keys ``0..a``, ``n <= m``) ->
-    ``(out [b, h, n, d], lse [b, h, n])`` in float32 (float64 for float64 inputs); a query with no allowed key
-    gets ``out = 0``, ``lse = -inf``."""
+    optional ``allowed [n, m]`` bool mask, or ``causal`` (query ``a`` sees keys ``0..a``, ``n <= m``), plus an
+    optional additive ``bias [h or 1, n, m]`` on the scaled scores -> ``(out [b, h, n, d], lse [b, h, n])`` in
+    float32 (float64 for float64 inputs); a query with no allowed key gets ``out = 0``, ``lse = -inf``.
+    ``dropout``: that fraction of the attention weights dropped (after the softmax, the rest scaled up; ``lse``
+    is the softmax's own), as transformers' eager attention does in training."""
     if causal and allowed is not None:
         raise ValueError("lse_attention: pass either causal or an allowed mask")
     if causal:  # (a causal query never sees the keys after the last query's)
         k, v = k[:, :, : q.shape[2]], v[:, :, : q.shape[2]]
-    if _use_flash(q, k):
+        if bias is not None:  # (the pair rule as a mask beside the bias)
+            bias = bias[..., : q.shape[2]]
+            allowed, causal = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril_(), False
+    if dropout:
+        out, lse = _matmul_attention(q, k, v, scale, allowed, causal, bias, dropout)
+    elif _use_flash(q, k):
         mask = None
         if allowed is not None:
             mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+        if bias is not None:  # [1, h or 1, n, m]: the flash op takes a 4D mask (2D or 4D only)
+            mask = bias.to(q.dtype)[None] if mask is None else (bias.to(q.dtype) + mask)[None]
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p=0.0, is_causal=causal, attn_mask=mask, scale=scale
         )
         out = out.float()
-    elif allowed is None and _use_cuda_flash(q, k, v):
+    elif allowed is None and bias is None and _use_cuda_flash(q, k, v):
         out, lse = _dense_cuda(q, k, v, scale, causal)
     elif _use_cuda_efficient(q, k):
-        out, lse = _efficient_cuda(q, k, v, scale, allowed, causal)
+        out, lse = _efficient_cuda(q, k, v, scale, allowed, causal, bias)
     else:
-        out, lse = _matmul_attention(q, k, v, scale, allowed, causal)
+        out, lse = _matmul_attention(q, k, v, scale, allowed, causal, bias)
     if allowed is not None:
         empty = ~allowed.any(-1)  # [n]
         if bool(empty.any()):
@@ -168,7 +185,7 @@ def lse_attention(
     return out, lse
 
 
-def _matmul_attention(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, torch.Tensor]:
+def _matmul_attention(q, k, v, scale, allowed, causal, bias=None, dropout=0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The same, as float32 (float64) matmuls over query tiles (differentiable, any device)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -181,6 +198,8 @@ def _matmul_attention(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, to
         b = min(n, a + FALLBACK_TILE)
         keys = b if causal else k.shape[2]  # a causal tile never needs later keys
         scores = (q[:, :, a:b].to(dtype) @ k[:, :, :keys].transpose(-1, -2)) * scale  # [b, h, tile, keys]
+        if bias is not None:
+            scores = scores + bias[..., a:b, :keys].to(dtype)
         if causal:
             i, j = torch.arange(a, b, device=q.device)[:, None], torch.arange(keys, device=q.device)[None]
             scores = scores.masked_fill(j > i, float("-inf"))
@@ -188,6 +207,8 @@ def _matmul_attention(q, k, v, scale, allowed, causal) -> tuple[torch.Tensor, to
             scores = scores.masked_fill(~allowed[a:b], float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+        if dropout:
+            weights = torch.nn.functional.dropout(weights, p=dropout)
         outs.append(weights @ v[:, :, :keys])
         lses.append(lse)
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
@@ -203,8 +224,9 @@ class Accumulator:
     """Running ``(out, lse)`` of the queries; ``add`` merges one call's result into a slice of queries (and may
     overwrite that result: pass tensors the caller no longer needs)."""
 
-    def __init__(self, q: torch.Tensor, value_dim: int) -> None:
+    def __init__(self, q: torch.Tensor, value_dim: int, dropout: float = 0.0) -> None:
         dtype = accumulation_dtype(q.dtype)
+        self.dropout = dropout
         self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=dtype, device=q.device)
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
         #: query ranges no call has reached yet (a first result there is stored, not merged)
@@ -219,10 +241,10 @@ class Accumulator:
                 self._fresh += [r for r in ((lo, start), (stop, hi)) if r[0] < r[1]]
         return inside is not None
 
-    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None) -> None:
         """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
         ``lse_attention``."""
-        self.add(a, b, *lse_attention(q, k, v, scale, allowed, causal))
+        self.add(a, b, *lse_attention(q, k, v, scale, allowed, causal, bias, self.dropout))
 
     def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
         grad = torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad)
@@ -263,7 +285,7 @@ class SingleQuery:
         exact_enough = q.dtype in (torch.float32, torch.float64) or not (_use_flash(q, k) or _use_cuda_flash(q, k, k))
         return q.shape[2] == 1 and not _needs_grad(q, k) and exact_enough
 
-    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False) -> None:
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None) -> None:
         if (a, b) != (0, 1) or causal and k.shape[2] != 1:
             raise ValueError(f"SingleQuery takes the one query 0..1, got {a}..{b} (causal={causal})")
         batch, heads, _, dim = q.shape
@@ -271,6 +293,8 @@ class SingleQuery:
         dtype = self.scores.dtype
         scores = q.to(dtype).reshape(batch, k.shape[1], groups, dim) @ k.to(dtype).transpose(-1, -2)  # [b, hk, g, keys]
         scores = scores.reshape(batch, heads, 1, -1) * scale
+        if bias is not None:
+            scores = scores + bias.to(dtype)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
         self.scores[..., first_key : first_key + k.shape[2]] = scores
@@ -296,16 +320,19 @@ def region(
     tile: int = TILE,
     out_offset: int = 0,
     windowed: bool | None = None,
+    bias: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """Add the pairs ``i - far <= j <= i - near`` (``far=None``: no lower bound) to ``acc``.
 
     ``q [b, h, n, d]`` holds queries at positions ``q0..q0+n-1`` (rows ``out_offset..`` of ``acc``);
     ``k, v [b, hk, *, d]`` hold keys at positions ``key_offset..`` (a region that never reaches early keys
     gets only the keys it needs). ``windowed``: one windowed attention call (``window_plan``) instead of the
-    pieces, for an ``Accumulator``; by default where CUDA flash attention runs it.
+    pieces, for an ``Accumulator``; by default where CUDA flash attention runs it. ``bias(i, j) -> [h or 1, n, m]``
+    at query positions ``i`` and key positions ``j`` (float32) is added to each piece's scores; with a bias (or
+    dropout) every piece is an explicitly masked call.
     """
     if windowed is None:
-        windowed = _use_cuda_flash(q, k, v)
+        windowed = _use_cuda_flash(q, k, v) and bias is None
     if windowed and isinstance(acc, Accumulator):  # (one query per row keeps its one score row)
         plan = window_plan(q.shape[2], q0, near, far, key_offset, k.shape[2])
         if plan is not None:
@@ -314,7 +341,7 @@ def region(
             result = window_attention(q[:, :, a:b], k[:, :, keys], v[:, :, keys], scale, left, right)
             acc.add(a + out_offset, b + out_offset, *result)
         return
-    pieces = _Pieces(acc, q, k, v, scale, q0, near, far, key_offset, out_offset)
+    pieces = _Pieces(acc, q, k, v, scale, q0, near, far, key_offset, out_offset, bias)
     if far is None:
         pieces.lower()
     elif far - near < 1:
@@ -375,10 +402,13 @@ def window_attention(q, k, v, scale: float, left: int, right: int) -> tuple[torc
 class _Pieces:
     """One region's calls (see ``region``): the key range, the pair rule, where results go."""
 
-    def __init__(self, acc, q, k, v, scale, q0, near, far, key_offset, out_offset) -> None:
+    def __init__(self, acc, q, k, v, scale, q0, near, far, key_offset, out_offset, bias=None) -> None:
         self.acc, self.q, self.k, self.v, self.scale = acc, q, k, v, scale
         self.q0, self.near, self.far, self.key_offset, self.out_offset = q0, near, far, key_offset, out_offset
         self.n, self.last_key = q.shape[2], key_offset + k.shape[2] - 1
+        self.bias = bias
+        #: every piece explicitly masked (a bias block per piece; dropout runs on the matmul path anyway)
+        self.masked = bias is not None or bool(getattr(acc, "dropout", 0.0))
 
     def call(self, a: int, b: int, lo: int, hi: int, kind: str) -> None:
         """Queries ``a..b-1`` (indices) against keys at positions ``lo..hi``: ``"all"`` (every pair allowed),
@@ -390,7 +420,19 @@ class _Pieces:
         ks = self.k[:, :, lo - self.key_offset : hi + 1 - self.key_offset]
         vs = self.v[:, :, lo - self.key_offset : hi + 1 - self.key_offset]
         at, square = (a + self.out_offset, b + self.out_offset), hi - lo + 1 == b - a
-        if kind == "all":
+        if self.masked:
+            i = torch.arange(self.q0 + a, self.q0 + b, device=self.q.device, dtype=torch.float32)
+            j = torch.arange(lo, hi + 1, device=self.q.device, dtype=torch.float32)
+            bias = None if self.bias is None else self.bias(i, j)
+            allowed = None
+            if kind != "all":
+                allowed = j[None] <= i[:, None] - self.near
+                if self.far is not None:
+                    allowed &= j[None] >= i[:, None] - self.far
+                if not bool(allowed.any()):
+                    return
+            self.acc.attend(*at, qt, ks, vs, self.scale, lo, allowed, bias=bias)
+        elif kind == "all":
             self.acc.attend(*at, qt, ks, vs, self.scale, lo)
         elif kind == "causal" and square:
             self.acc.attend(*at, qt, ks, vs, self.scale, lo, causal=True)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from rope_ext.attention.program import Bias, Call, QueryScale, RowGroup
+from rope_ext.methods.rope import rotate
+
 
 def remapped_rope_scores(
     q: torch.Tensor,
@@ -44,60 +47,88 @@ def reference_attention(
     scaling: float,
     attention_factor: float = 1.0,
     query_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention over ``remapped_rope_scores``; ``allowed [b, n_q, n_k]`` is the causal and padding
-    mask, ``query_scale [b, n_q]`` multiplies each query (log-n). GQA: ``k``/``v`` with fewer heads repeat."""
+    mask, ``query_scale [b, n_q]`` multiplies each query (log-n), ``bias [h or 1, n_q, n_k]`` is added to the
+    scaled scores. GQA: ``k``/``v`` with fewer heads repeat."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = remapped_rope_scores(q, k, rel, inv_freq, attention_factor) * scaling  # [b, h, q, k]
+    return _softmax_out(scores, v, q.dtype, allowed, query_scale, bias)
+
+
+def program_reference(call: Call) -> torch.Tensor:
+    """A whole attention call straight from the formulas (the kernel ``kernel_override`` swaps in for tests):
+    per row, ``rel'`` from the rule's ``relative`` at the rows' positions (plain ``i - j`` for plain RoPE; queries
+    and keys as they arrived without a rule), the causal (and sliding-window) mask by index, each query scale's
+    multiplier and each bias, one float64 softmax."""
+    program = call.program
+    rule = program.rule
+    n, m = call.q.shape[2], call.k.shape[2]
+    frequencies = None if rule is None else rule.frequencies(call.position_ids, m, call.q.device)
+
+    def attend(group: RowGroup) -> torch.Tensor:
+        q, k, v = group.q, group.k, group.v
+        n_r, m_r = q.shape[2], k.shape[2]
+        i, j = group.q_pos[:, None].to(torch.float64), group.k_pos[None].to(torch.float64)
+        index_i = torch.arange(m_r - n_r, m_r, device=q.device)[:, None]
+        index_j = torch.arange(m_r, device=q.device)[None]
+        allowed = index_j <= index_i
+        if call.sliding_window is not None:
+            allowed &= index_i - index_j < call.sliding_window
+        multiplier = torch.ones(n_r, dtype=torch.float64, device=q.device)
+        for term in program.of_type(QueryScale):
+            multiplier = multiplier * term.multiplier(group.q_pos).to(torch.float64)
+        bias = torch.zeros(1, n_r, m_r, dtype=torch.float64, device=q.device)
+        for term in program.of_type(Bias):
+            bias = bias + term.bias(group.q_pos, group.k_pos).to(torch.float64)
+        if rule is None:
+            return plain_attention(q, k, v, allowed=allowed[None], scaling=call.scale, query_scale=multiplier[None], bias=bias)
+        inv_freq, attention_factor = frequencies
+        rel = i - j if rule.rule is None else rule.rule.relative(i, j)
+        return reference_attention(
+            q, k, v, rel[None], inv_freq, allowed=allowed[None], scaling=call.scale, attention_factor=attention_factor,
+            query_scale=multiplier[None], bias=bias,
+        )
+
+    return call.run_rows(attend)
+
+
+def plain_attention(q, k, v, *, allowed, scaling, query_scale=None, bias=None) -> torch.Tensor:
+    """Softmax attention of queries and keys as they are, in float64 (``reference_attention``'s masks, query
+    scale and bias)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = q.to(torch.float64) @ k.to(torch.float64).transpose(-1, -2) * scaling  # [b, h, q, k]
+    return _softmax_out(scores, v, q.dtype, allowed, query_scale, bias)
+
+
+def _softmax_out(scores, v, dtype, allowed, query_scale, bias) -> torch.Tensor:
     if query_scale is not None:
         scores = scores * query_scale.to(torch.float64)[:, None, :, None]
+    if bias is not None:
+        scores = scores + bias.to(torch.float64)[:, None] if bias.dim() == 3 and bias.shape[0] == 1 else scores + bias.to(torch.float64)
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a fully masked row attends to nothing
-    return (weights @ v.to(torch.float64)).to(q.dtype)  # [b, h, q, d]
+    return (weights @ v.to(torch.float64)).to(dtype)  # [b, h, q, d]
 
 
-def method_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    method,
-    query_scale,
-    original: int,
-    inv_freq: torch.Tensor,
-    attention_factor,
-    scaling: float,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """A method's attention straight from its formula, for unpadded rows (keys at ``0..m-1``, queries the last
-    ``n``): ``rel'`` from ``method.relative`` (plain ``i - j`` for ``None``), the causal (and sliding-window)
-    mask, and the query multipliers (``query_scale``'s log-n, Dual Chunk Attention's mscale)."""
-    n, m = q.shape[2], k.shape[2]
-    i = torch.arange(m - n, m, device=q.device)[:, None]
-    j = torch.arange(m, device=q.device)[None]
-    rel = i - j if method is None else method.relative(i, j)
-    allowed = i - j >= 0
-    if sliding_window is not None:
-        allowed &= i - j < sliding_window
-    multiplier = torch.ones(n, dtype=torch.float64, device=q.device)
-    if query_scale is not None:
-        multiplier = multiplier * query_scale.scale(i[:, 0], original)
-    dca_scale = getattr(method, "query_scale", None)
-    if dca_scale is not None and dca_scale(i[:, 0], original) is not None:
-        multiplier = multiplier * dca_scale(i[:, 0], original)
-    return reference_attention(
-        q, k, v, rel[None], inv_freq, allowed=allowed[None], scaling=scaling,
-        attention_factor=attention_factor, query_scale=multiplier[None],
+def two_matrix_kernel(call: Call) -> torch.Tensor:
+    """The reference repositories' strategy for a window rule (ReRoPE's ``rerope_patch.py``): two full ``n x n``
+    score matrices, one with plain RoPE and one with the far rotation, joined by ``where(rel < w)``; for
+    benchmarks (``kernel_override``), unpadded rows whose positions are the keys' own, no other terms."""
+    rule = call.program.rule
+    if rule is None or not hasattr(rule.rule, "far_query") or len(call.program.terms) != 1 or call.rows is not None:
+        raise ValueError("two_matrix_kernel runs a window rule alone on unpadded rows")
+    inv_freq, attention_factor = rule.frequencies(call.position_ids, call.k.shape[2], call.q.device)
+    return two_matrix_attention(
+        call.q, call.k, call.v, method=rule.rule, inv_freq=inv_freq, attention_factor=attention_factor, scaling=call.scale
     )
 
 
 def two_matrix_attention(q, k, v, *, method, inv_freq, attention_factor, scaling) -> torch.Tensor:
-    """The reference repositories' strategy for a window method (ReRoPE's ``rerope_patch.py``): two full
-    ``n x n`` score matrices, one with plain RoPE and one with the far rotation, joined by
-    ``where(rel < w)``; unpadded rows, queries the last ``n`` keys. Kept to measure the fast path against."""
-    from rope_ext.hooks.attention import rotate
-
+    """Two full score matrices joined by ``where(rel < w)``; unpadded rows, queries the last ``n`` keys."""
     n, m = q.shape[2], k.shape[2]
     q_pos = torch.arange(m - n, m, device=q.device, dtype=torch.float32)
     k_pos = torch.arange(m, device=q.device, dtype=torch.float32)

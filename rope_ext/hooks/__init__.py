@@ -10,30 +10,41 @@ from rope_ext.hooks.base import (
     register_hook,
     unregister_hook,
 )
-from rope_ext.hooks.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite
-from rope_ext.hooks.attention import (  # noqa: E402  (registers the attention function with transformers)
+from rope_ext.hooks.attention import (  # (registers the attention function with transformers)
     ATTENTION_KEY,
-    AttentionHook,
-    AttentionInstaller,
+    AttentionLayer,
     AttentionSite,
-    QueryScaleInstaller,
+    ProgramSetup,
+    installed_programs,
+    program_setup,
 )
+from rope_ext.hooks.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite, rotate_in_attention
+from rope_ext.hooks.positions import PositionRuleInstaller, QueryScaleInstaller
+from rope_ext.hooks.params import PARAMS_ATTR, OwnedModule, PatchParameters, own
 
 __all__ = [
     "ATTENTION_KEY",
-    "AttentionHook",
-    "AttentionInstaller",
+    "AttentionLayer",
     "AttentionSite",
-    "QueryScaleInstaller",
     "FrequencyInstaller",
     "HookInstaller",
+    "OwnedModule",
+    "PARAMS_ATTR",
+    "PatchParameters",
     "PlanBuilder",
+    "PositionRuleInstaller",
+    "ProgramSetup",
+    "QueryScaleInstaller",
     "RopeExtModule",
     "RopeExtRotaryEmbedding",
     "RotarySite",
     "Site",
     "Sites",
     "get_hook",
+    "installed_programs",
+    "own",
+    "program_setup",
     "register_hook",
+    "rotate_in_attention",
     "unregister_hook",
 ]

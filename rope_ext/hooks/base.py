@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from rope_ext.methods import MethodConfig
@@ -46,9 +47,30 @@ def _own_attribute(obj: Any, name: str) -> Any:
     return vars(obj).get(name, _MISSING)
 
 
+def _same_value(current: Any, new: Any) -> bool:
+    if current is new:
+        return True
+    if isinstance(new, (nn.Module, torch.Tensor)) or callable(new):
+        return False  # (objects: the very one the patch set)
+    try:
+        return bool(current == new)
+    except Exception:  # noqa: BLE001  (a value that cannot be compared is not the same)
+        return False
+
+
+def _describe_value(value: Any) -> str:
+    if value is _MISSING:
+        return "absent"
+    if isinstance(value, nn.Module):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclass
 class AttrEdit:
-    """Set ``obj.name = new``; remembers the old value (or its absence) for ``revert``."""
+    """Set ``obj.name = new``; remembers the old value (or its absence) for ``revert``, which first checks that
+    the attribute still holds what the patch set (``changed``)."""
 
     obj: Any
     name: str
@@ -58,6 +80,16 @@ class AttrEdit:
     def apply(self) -> None:
         self.old = _own_attribute(self.obj, self.name)
         setattr(self.obj, self.name, self.new)
+
+    def changed(self) -> str | None:
+        """What was done to the attribute since the patch set it (``None``: nothing)."""
+        current = _own_attribute(self.obj, self.name)
+        if _same_value(current, self.new):
+            return None
+        return (
+            f"{type(self.obj).__name__}.{self.name} is {_describe_value(current)}, not the "
+            f"{_describe_value(self.new)} the patch set"
+        )
 
     def revert(self) -> None:
         if self.old is _MISSING:
@@ -78,14 +110,73 @@ class ForwardPreHookEdit:
     def apply(self) -> None:
         self.handle = self.obj.register_forward_pre_hook(self.hook, with_kwargs=True)
 
+    def changed(self) -> str | None:
+        if self.handle is not None and self.handle.id in self.obj._forward_pre_hooks:
+            return None
+        return f"the forward pre-hook rope_ext registered on {type(self.obj).__name__} was removed"
+
     def revert(self) -> None:
         self.handle.remove()
         self.handle = None
 
 
 @dataclass
+class AttnImplementationEdit:
+    """Set the attention implementation of ``model`` (a transformers model) to ``new`` through its
+    ``set_attn_implementation`` (transformers checks the key is registered and the model dispatches through the
+    attention interface), remembering every config it changed; ``revert`` puts each config's own value back."""
+
+    model: nn.Module
+    new: str
+    configs: list[Any]
+    #: every config the setter may change (the model's modules' and their sub-configs) and its own value before
+    old: list[tuple[Any, Any]] = field(default_factory=list, init=False)
+
+    def apply(self) -> None:
+        self.old = [(config, _own_attribute(config, "_attn_implementation_internal")) for config in self._reachable()]
+        try:
+            setter = getattr(self.model, "set_attn_implementation", None)
+            if callable(setter):
+                setter(self.new)
+            for config in self.configs:  # (configs of modules the model's own setter does not reach)
+                config._attn_implementation_internal = self.new
+        except BaseException:
+            self.revert()
+            raise
+
+    def _reachable(self) -> list[Any]:
+        found: dict[int, Any] = {id(c): c for c in self.configs}
+        stack = [m.config for m in self.model.modules() if getattr(m, "config", None) is not None]
+        while stack:
+            config = stack.pop()
+            if id(config) in found or not hasattr(config, "to_dict"):
+                continue
+            found[id(config)] = config
+            stack += [getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {}]
+            stack = [c for c in stack if c is not None]
+        return list(found.values())
+
+    def changed(self) -> str | None:
+        for config in self.configs:
+            current = _own_attribute(config, "_attn_implementation_internal")
+            if current != self.new:
+                return (
+                    f"the attention implementation was changed to {current!r} after patching (rope_ext set "
+                    f"{self.new!r}); set it back with model.set_attn_implementation({self.new!r}) before unpatching"
+                )
+        return None
+
+    def revert(self) -> None:
+        for config, old in self.old:
+            if old is _MISSING:
+                vars(config).pop("_attn_implementation_internal", None)
+            else:
+                config._attn_implementation_internal = old
+
+
+@dataclass
 class PatchPlan:
-    edits: list[AttrEdit | ForwardPreHookEdit] = field(default_factory=list)
+    edits: list[AttrEdit | ForwardPreHookEdit | AttnImplementationEdit] = field(default_factory=list)
 
     def apply(self) -> None:
         done: list[AttrEdit] = []
@@ -98,7 +189,19 @@ class PatchPlan:
                 edit.revert()
             raise
 
+    def changes(self) -> list[str]:
+        """What was changed since the plan was applied, edit by edit (empty: each still holds its value)."""
+        return [found for edit in self.edits if (found := edit.changed()) is not None]
+
     def revert(self) -> None:
+        """Put every original object and value back; raises ``RuntimeError`` (changing nothing) when something
+        the plan set was changed since, since a blind restore would undo that change."""
+        changes = self.changes()
+        if changes:
+            raise RuntimeError(
+                "cannot unpatch exactly: what rope_ext set was changed after patching (" + "; ".join(changes) + "). "
+                "Undo those changes first (e.g. unwrap or unload what was added on top of the patched model)"
+            )
         for edit in reversed(self.edits):
             edit.revert()
 
@@ -129,6 +232,8 @@ class Sites:
 
     config: Any
     by_kind: dict[str, list[Site]] = field(default_factory=dict)
+    #: the model the sites belong to (where a patch keeps its state and its parameters); set by ``patch``
+    model: nn.Module | None = None
 
     def get(self, kind: str) -> list[Site]:
         return self.by_kind.get(kind, [])
@@ -146,6 +251,8 @@ class PlanBuilder:
         #: the edits of config objects (recorded for reload, checked for sharing between models)
         self.config_edits: list[AttrEdit] = []
         self._replacements: dict[int, Any] = {}
+        #: what installers share within one plan (keyed by their own keys), built once
+        self.memo: dict[Any, Any] = {}
 
     def option(self, name: str) -> Any:
         return self.options[name]
@@ -158,9 +265,25 @@ class PlanBuilder:
         self.plan.edits.append(ForwardPreHookEdit(module, hook))
 
     def edit_config(self, config: Any, name: str, new: Any) -> None:
-        """An edit of a model config (or a sub-config of it) that ``save_pretrained`` writes out."""
+        """An edit of a model config (or a sub-config of it) that ``save_pretrained`` writes out. A name the config
+        class maps to another (``GPT2Config``: ``max_position_embeddings`` is ``n_positions``) edits the one it
+        maps to."""
+        name = getattr(type(config), "attribute_map", {}).get(name, name)
         self.edit(config, name, new)
         self.config_edits.append(self.plan.edits[-1])
+
+    def set_attn_implementation(self, model: nn.Module, key: str, configs: list[Any]) -> None:
+        """Make ``key`` the attention implementation of ``model`` and of ``configs`` (one owner per plan: a second
+        call with another key is refused)."""
+        owner = next((e for e in self.plan.edits if isinstance(e, AttnImplementationEdit)), None)
+        if owner is not None:
+            if owner.new != key:
+                raise ValueError(
+                    f"two hook kinds want their own attention implementation ({owner.new!r} and {key!r}); one "
+                    "attention program runs every kind's terms"
+                )
+            return
+        self.plan.edits.append(AttnImplementationEdit(model, key, list(configs)))
 
     def replacement(self, site: Site, build: Callable[[], tuple[Any, str, Any]]) -> Any:
         """The replacement object of ``site``; ``build() -> (parent, attribute, object)`` runs on first use."""

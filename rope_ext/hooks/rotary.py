@@ -23,13 +23,18 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from rope_ext.attention.program import AttentionProgram, PositionRule
+from rope_ext.hooks.attention import AttentionLayer, program_setup
 from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
 from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
+from rope_ext.methods.rope import rope_cos_sin
 
 #: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
 _BASE_KEYS = ("rope_theta", "partial_rotary_factor")
+#: rope types whose frequencies do not depend on the sequence length: the checkpoint's window is the extended one
+_STATIC_SCALINGS = ("linear", "yarn", "llama3")
 
 
 def _buffer_name(layer_type: str | None, name: str = "inv_freq") -> str:
@@ -40,15 +45,6 @@ def _frequency_placement(module: nn.Module) -> tuple[torch.device | None, torch.
     """Device and dtype in which ``module`` keeps its frequencies (its first floating-point buffer)."""
     buffer = next((b for b in module.buffers() if b.is_floating_point()), None)
     return (buffer.device, buffer.dtype) if buffer is not None else (None, torch.float32)
-
-
-def rope_cos_sin(
-    position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float | torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' rotary contract in float32: ``cat(freqs, freqs).cos() * attention_factor`` and ``sin``."""
-    freqs = position_ids[..., None].float() * inv_freq.to(device=position_ids.device, dtype=torch.float)  # [b, q, d/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [b, q, d]
-    return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
 class RopeExtRotaryEmbedding(RopeExtModule):
@@ -189,6 +185,20 @@ class RotarySite(Site):
             or getattr(config, "max_position_embeddings", None)
         )
 
+    def native_length(self, layer_type: str | None) -> int | None:
+        """The context the checkpoint handles as it is: ``L``, or for a static RoPE scaling (``linear``, ``yarn``,
+        ``llama3``) the extended window (its ``max_position_embeddings``, at least ``factor * L``). Attention
+        methods on such a checkpoint keep its frequencies and take this window as their ``L``."""
+        params = self.params(layer_type)
+        original = self.original_length(layer_type)
+        if params.get("rope_type", "default") not in _STATIC_SCALINGS or not original:
+            return original
+        extended = max(getattr(self.config, "max_position_embeddings", None) or 0, original)
+        factor = params.get("factor")
+        if isinstance(factor, (int, float)) and self._states_original(params):
+            extended = max(extended, round(factor * original))
+        return extended
+
     def _states_original(self, params: dict[str, Any]) -> bool:
         config_value = getattr(self.config, "original_max_position_embeddings", None)
         return bool(params.get("original_max_position_embeddings") or config_value)
@@ -200,7 +210,9 @@ class RotarySite(Site):
             self._check_existing_scaling(layer_type, params, replace_scaling)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        native = self.original_length(layer_type)
+        # (a frequency method starts again from the unscaled rotation and its L; the checkpoint's own rotation keeps
+        # the window it was extended to)
+        native = self.original_length(layer_type) if method is not None else self.native_length(layer_type)
         requested = method.original_max_position_embeddings if method is not None else None
         if not native and not requested:
             raise ValueError(
@@ -341,10 +353,11 @@ class FrequencyInstaller(HookInstaller):
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
             self._config_edits(builder, site, method, specs)
+            if not method.dynamic:
+                limit = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
+                builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
         if getattr(method, "cache_consistent", False):  # keys rotated in attention, with the current length's
-            from rope_ext.hooks.attention import attention_setup
-
-            attention_setup(builder, method)
+            rotate_in_attention(builder, method.method)
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
         assert isinstance(method, FrequencyConfig)
@@ -366,18 +379,19 @@ class FrequencyInstaller(HookInstaller):
         self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
     ) -> None:
         config = site.config
+        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
+        if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
+            # No native equivalent: the rope_ext block alone records the patch, and the config keeps claiming only
+            # what plain transformers gives when it loads it (the unpatched rotation and its length).
+            return
+        # What plain transformers can honour (without rope_ext, a combination reloads as its frequency method alone):
+        # transformers' own version of the method, and the extended context (HF's convention for scaled checkpoints:
+        # max_position_embeddings is the new length, rope_parameters keep the original). Dynamic methods have no
+        # fixed length, and transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
         if not method.dynamic:
-            # The extended context (HF's convention for scaled checkpoints: max_position_embeddings is the new
-            # length, rope_parameters keep the original). Dynamic methods have no fixed length, and
-            # transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
             extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
             if extended > (getattr(config, "max_position_embeddings", None) or 0):
                 builder.edit_config(config, "max_position_embeddings", extended)
-        if builder.kinds != {self.kind}:
-            return  # combined with other kinds: native rope_parameters alone would reload a different model
-        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
-        if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
-            return  # no native equivalent: the rope_ext block alone records the patch
         rope_parameters = copy.deepcopy(config.rope_parameters)
         for layer_type, params in native.items():
             current = site.params(layer_type)
@@ -394,3 +408,93 @@ class FrequencyInstaller(HookInstaller):
 
 
 register_hook(FrequencyInstaller())
+
+
+# --- rotation moved into attention (position rules, the cache-consistent dynamic methods) -----------------
+
+
+@dataclass(eq=False)
+class AttentionRotation:
+    """The layers whose queries and keys a plan rotates at attention time: the rotary replacement returns the
+    identity for their layer types, and each program holds a ``PositionRule`` (plain RoPE until a method sets
+    its rule). ``full`` are the full-attention layers (a method's rule goes there); sliding-window layers keep
+    plain RoPE, rotated here because one rotary module serves them too."""
+
+    rotary: RopeExtRotaryEmbedding
+    full: list[tuple[AttentionLayer, AttentionProgram, PositionRule]]
+
+
+def rotate_in_attention(builder: PlanBuilder, method_name: str) -> AttentionRotation:
+    """Move the rotation of the chosen layer types from the rotary module into the attention programs (once per
+    plan) and return the layers a position rule applies to."""
+    setup = program_setup(builder, method_name)
+    done = builder.memo.get(("rotate_in_attention", id(setup)))
+    if done is not None:
+        return done
+    sites = builder.sites.get(RotarySite.kind)
+    if len(sites) != 1:
+        raise ValueError(f"{method_name}: this model has {len(sites)} rotary embeddings; rope_ext rotates one in attention")
+    rotary_site = sites[0]
+    rotary = rotary_site.replacement(builder)
+    chosen = rotary_site.layer_types(builder.option("layer_types"))
+    with_frequency = HOOK_FREQUENCY in builder.kinds
+    specs = {}
+    for layer_type in chosen:
+        rope_type = rotary_site.params(layer_type).get("rope_type", "default")
+        if not with_frequency and rope_type in ("dynamic", "longrope"):
+            raise ValueError(
+                f"{rotary_site.family}: this checkpoint's {rope_type!r} RoPE scaling depends on the sequence length; "
+                "an attention method needs fixed frequencies: combine it with a frequency method and "
+                "replace_scaling=True (e.g. ['yarn', 'dca'])"
+            )
+        specs[layer_type] = rotary_site.spec(layer_type, None, True)
+    check_chosen_layers(setup.site.family, [layer for layer, _ in setup.programs], specs)
+    rotary.set_identity(specs)
+    if not with_frequency:
+        rotary.set_base(rotary_site, specs)
+    full = []
+    for layer, program in setup.programs:
+        if not layer.rotary:  # NoPE: positions never reach it
+            continue
+        if layer.layer_type in specs or None in specs:
+            key = layer.layer_type if layer.layer_type in specs else None  # one rotary embedding serves every layer
+            term = PositionRule(
+                None, rotary, key, rotary.specs[key].original_max_position_embeddings,
+                rotary_site.native_length(key),
+            )
+            program.add(term)
+            if layer.sliding_window is None:
+                full.append((layer, program, term))
+    if not full:
+        raise ValueError(no_layer_to_rewrite(setup.site.family, [layer for layer, _ in setup.programs]))
+    done = AttentionRotation(rotary, full)
+    builder.memo[("rotate_in_attention", id(setup))] = done
+    return done
+
+
+def check_chosen_layers(family: str, layers: list[AttentionLayer], chosen) -> None:
+    """Layer types the user (or the default) chose must not be sliding-window ones."""
+    if None in chosen:
+        return
+    sliding = sorted({l.layer_type for l in layers if l.layer_type in chosen and l.sliding_window is not None}, key=str)
+    if sliding:
+        full = sorted({l.layer_type for l in layers if l.sliding_window is None}, key=str)
+        raise ValueError(
+            f"{family}: layer types {sliding} use sliding-window attention, which attention methods do not rewrite; "
+            f"choose layer_types among the full-attention ones: {full}"
+        )
+
+
+def no_layer_to_rewrite(family: str, layers: list[AttentionLayer]) -> str:
+    no_rope = sum(1 for layer in layers if not layer.rotary)
+    if no_rope == len(layers):
+        return f"{family}: all {no_rope} of its layers use no positional encoding (NoPE): no layer to rewrite"
+    if no_rope:
+        return (
+            f"{family}: {no_rope} of its {len(layers)} layers use no positional encoding (NoPE) and the others "
+            "sliding-window attention, which attention methods leave alone: no layer to rewrite"
+        )
+    return (
+        f"{family}: every layer of this model uses sliding-window attention; attention methods apply to "
+        "full-attention layers"
+    )

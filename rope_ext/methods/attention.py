@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -48,6 +49,26 @@ def _check_below(method: str, name: str, value: int, limit: int, what: str, low:
         )
     if value >= limit:
         raise ValueError(f"{method}: {name}={value} must be below {what} ({limit}); valid: {low}..{limit - 1}")
+
+
+@dataclass(frozen=True)
+class Region:
+    """A set of (query, key) pairs scored with one rotation of each: pairs where ``allowed(i, j)`` holds
+    (broadcasting float positions; ``None``: every causal pair), the query rotated at ``query(i)`` and the key at
+    ``key(j)``. A rule's regions partition the causal pairs ``j <= i``."""
+
+    allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    query: Callable[[torch.Tensor], torch.Tensor]
+    key: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _same(positions: torch.Tensor) -> torch.Tensor:
+    return positions
+
+
+def plain_regions() -> list[Region]:
+    """Plain RoPE: every pair, the query and the key at their own positions."""
+    return [Region(None, _same, _same)]
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,15 @@ class AttentionConfig(MethodConfig):
         """``rel'`` at query positions ``i`` and key positions ``j`` (broadcasting); the reference's input."""
         raise NotImplementedError
 
+    def regions(self) -> list[Region]:
+        """The regions of a resolved config (the fast path's form of ``relative``)."""
+        raise NotImplementedError
+
+    def intended_length(self, within: int) -> int | None:
+        """The longest sequence whose remapped distances all stay below ``within`` (the distances the rotation
+        was trained on: ``L``, or a frequency method's extended length), for a resolved config; ``None``: any."""
+        return None
+
 
 @dataclass(frozen=True)
 class WindowConfig(AttentionConfig):
@@ -103,6 +133,15 @@ class WindowConfig(AttentionConfig):
 
     def far_key(self, j: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _near(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return i - j < self.window
+
+    def _far(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return i - j >= self.window
+
+    def regions(self) -> list[Region]:
+        return [Region(self._near, _same, _same), Region(self._far, self.far_query, self.far_key)]
 
 
 @dataclass(frozen=True)
@@ -169,6 +208,9 @@ class LeakyReRopeConfig(_WindowW):
     def relative(self, i, j):
         return leaky_rerope_positions(i, j, self.w, self.k)
 
+    def intended_length(self, within):
+        return int(self.w + self.k * (within - 1 - self.w)) + 1  # w + (n - 1 - w) / k <= within - 1
+
 
 @register_method
 @dataclass(frozen=True)
@@ -207,6 +249,9 @@ class SelfExtendConfig(WindowConfig):
 
     def relative(self, i, j):
         return self_extend_positions(i, j, self.W, self.G)
+
+    def intended_length(self, within):
+        return self.G * (within - self.W + self.W // self.G)  # (n - 1) // G + W - W // G <= within - 1
 
 
 @register_method
@@ -252,6 +297,9 @@ class StringConfig(WindowConfig):
 
     def relative(self, i, j):
         return string_positions(i, j, self.S, self.W)
+
+    def intended_length(self, within):
+        return within + self.S - self.W  # n - 1 - S + W <= within - 1
 
 
 @register_method
@@ -301,8 +349,40 @@ class DualChunkConfig(AttentionConfig):
         length = self.original_max_position_embeddings or original
         return torch.clamp(0.05 * torch.log((i.to(torch.float64) + 1) / length) + 1, min=1.0) ** 2
 
+    def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
+        """The program's form of ``query_scale`` (installed only with ``mscale``)."""
+        return self.query_scale(i, original)
+
     def relative(self, i, j):
         return dca_positions(i, j, self.chunk_size, self.local_window)
+
+    def _chunk_of(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.div(positions, self.chunk, rounding_mode="floor")
+
+    def _same_chunk(self, i, j):
+        return self._chunk_of(i) == self._chunk_of(j)
+
+    def _previous_chunk(self, i, j):
+        return self._chunk_of(i) == self._chunk_of(j) + 1
+
+    def _older_chunk(self, i, j):
+        return self._chunk_of(i) >= self._chunk_of(j) + 2
+
+    def _within(self, positions):
+        return torch.remainder(positions, self.chunk)
+
+    def _successive_query(self, i):
+        return torch.clamp(torch.remainder(i, self.chunk) + self.chunk, max=self.chunk_size)
+
+    def _older_query(self, i):
+        return torch.full_like(i, float(self.chunk_size))
+
+    def regions(self) -> list[Region]:
+        return [
+            Region(self._same_chunk, self._within, self._within),
+            Region(self._previous_chunk, self._successive_query, self._within),
+            Region(self._older_chunk, self._older_query, self._within),
+        ]
 
 
 @register_method
@@ -323,3 +403,6 @@ class LogNConfig(MethodConfig):
     def scale(self, i: torch.Tensor, original: int) -> torch.Tensor:
         length = self.original_max_position_embeddings or original
         return torch.clamp(torch.log(i.to(torch.float64) + 1) / math.log(length), min=1.0)
+
+    def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
+        return self.scale(i, original)

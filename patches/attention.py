@@ -1,0 +1,82 @@
+"""Locating attention modules: what a family's locator says of each one (layer type, window, NoPE), in one place.
+
+Family knowledge lives here, not in the installers: which modules are attention layers, the window a layer's
+attention is limited to (Gemma 3's sliding layers, EXAONE 4's full layers that keep the config's window), the
+layers that apply no rotary embedding (SmolLM3's ``use_rope``, EXAONE 4's hybrid NoPE layers), softcapping
+that rope_ext's attention does not implement, and whether a family's attention runs the function transformers'
+``AttentionInterface`` holds (Falcon picks SDPA or eager itself).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from torch import nn
+
+from rope_ext.hooks.attention import AttentionLayer, AttentionSite
+
+
+def is_attention(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention") and isinstance(getattr(module, "layer_idx", None), int)
+
+
+@functools.cache
+def dispatches_through_interface(cls: type) -> bool:
+    """Whether an attention class's forward calls the function ``AttentionInterface`` holds for the config's
+    implementation (Falcon's picks SDPA or eager itself, so a registered function would never run)."""
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def sliding_window(module: nn.Module) -> int | None:
+    """The window a module's attention is limited to (what its forward passes as ``sliding_window``)."""
+    if vars(module).get("is_sliding") is False:  # (EXAONE 4 keeps the config's window on its full layers too)
+        return None
+    if "sliding_window" in vars(module):
+        return vars(module)["sliding_window"] or None
+    return getattr(getattr(module, "config", None), "sliding_window", None) or None  # (0: none, as Qwen2-MoE says)
+
+
+def applies_rope(module: nn.Module) -> bool:
+    """Whether the module's forward applies the rotary embedding (not: SmolLM3's layers whose ``use_rope`` is off,
+    EXAONE 4's full-attention layers in a hybrid, sliding-window model)."""
+    attrs = vars(module)
+    if "use_rope" in attrs:
+        return bool(attrs["use_rope"])
+    return not (attrs.get("is_sliding") is False and attrs.get("sliding_window") is not None)
+
+
+def attention_layers(model: nn.Module, config: Any) -> list[AttentionLayer]:
+    """The attention modules of ``model`` with each one's layer type (``config.layer_types``, if any), window and
+    whether positions reach it."""
+    found = []
+    for module in model.modules():
+        if is_attention(module):
+            layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
+            layer_type = layer_types[module.layer_idx] if layer_types else None
+            found.append(AttentionLayer(module, layer_type, sliding_window(module), applies_rope(module)))
+    return found
+
+
+def attention_site(family: str, model: nn.Module, config: Any) -> AttentionSite | None:
+    """The attention site of ``model``: its layers, the transformers model whose implementation they follow
+    (the outermost one sharing their config), and a reason programs are refused there (softcapping)."""
+    from transformers import PreTrainedModel
+
+    layers = attention_layers(model, config)
+    if not layers:
+        return None
+    layer_config = layers[0].module.config
+    owner = next((m for m in model.modules() if isinstance(m, PreTrainedModel) and m.config is layer_config), model)
+    refused = None
+    softcap = getattr(layer_config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        refused = (
+            f"this model caps attention logits (attn_logit_softcapping={softcap}), which rope_ext's attention does "
+            "not implement; methods that rewrite attention are refused for it"
+        )
+    return AttentionSite(family, layers, owner, refused)

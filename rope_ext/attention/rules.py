@@ -1,0 +1,261 @@
+"""The kernels of attention programs: plain attention (with biases and query scales) and position rules.
+
+A position rule keeps RoPE's scores but evaluates them at remapped positions; every rule is, region by region,
+``(query rotated at one position) . (key rotated at another)``, so each region is an exact attention call on
+rotated copies and the regions merge through their log-sum-exp (``kernels.Accumulator``), never ``n x n``.
+
+* Rows whose positions are the keys' own (``0..m-1``, the common case) take the rule's fast runner from
+  ``FAST_RUNNERS`` (keyed by the rule's class: windows, chunks, plain RoPE): region kernels over index ranges,
+  with the rotated keys kept on the cache while decoding (``key_cache``).
+* Other rows (``position_ids`` with jumps, offsets) take the general path: the rule's ``regions()`` (pair
+  predicate, query rotation, key rotation) as explicitly masked calls over query blocks.
+
+Biases are added block by block (``Bias.bias(q_pos, k_pos)``), query scales multiply the queries first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rope_ext.attention import kernels
+from rope_ext.attention.key_cache import NOWHERE, KeyRotation
+from rope_ext.attention.program import Bias, Call, Kernel, PositionRule, QueryScale, RowGroup, register_kernel
+from rope_ext.methods.attention import DualChunkConfig, WindowConfig, plain_regions
+from rope_ext.methods.rope import rotate, rotate_at_zero
+
+
+def query_multiplier(call: Call, q_pos: torch.Tensor) -> torch.Tensor | None:
+    """The product of the program's query scales at ``q_pos`` (float32 ``[n]``), or ``None``."""
+    product = None
+    for term in call.program.of_type(QueryScale):
+        factor = term.multiplier(q_pos)
+        product = factor if product is None else product * factor
+    return None if product is None else product.float()
+
+
+def bias_function(call: Call):
+    """``(i, j) -> [h or 1, n, m]``: the sum of the program's biases at query positions ``i``, key positions ``j``
+    (``None`` without biases)."""
+    biases = call.program.of_type(Bias)
+    if not biases:
+        return None
+
+    def total(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        out = biases[0].bias(i, j)
+        for term in biases[1:]:
+            out = out + term.bias(i, j)
+        return out.float()
+
+    return total
+
+
+def _scaled(call: Call, group: RowGroup) -> torch.Tensor:
+    multiplier = query_multiplier(call, group.q_pos)
+    return group.q if multiplier is None else group.q * multiplier.to(group.q.dtype)[:, None]
+
+
+def _accumulator(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias) -> kernels.Accumulator:
+    if kernels.SingleQuery.applies(q, k) and not call.dropout:
+        return kernels.SingleQuery(q, v)
+    return kernels.Accumulator(q, v.shape[-1], call.dropout)
+
+
+# --- plain attention (queries and keys as they arrive) ------------------------------------------------
+
+
+def run_plain(call: Call) -> torch.Tensor:
+    """Causal attention (within the layer's sliding window) on queries and keys as the model rotated them,
+    with the program's query scales and biases. Positions by index, as transformers' masks take them; a bias
+    sees the rows' positions."""
+    bias = bias_function(call)
+    far_limit = None if call.sliding_window is None else call.sliding_window - 1
+
+    def attend(group: RowGroup) -> torch.Tensor:
+        q, k, v = _scaled(call, group), group.k, group.v
+        n, m = q.shape[2], k.shape[2]
+        acc = _accumulator(call, q, k, v, bias)
+        if group.contiguous or bias is None:
+            q0 = m - n
+            start = 0 if far_limit is None else max(0, q0 - far_limit)
+            block = n if bias is None else kernels.query_block(q)  # (a bias block per query block)
+            for a in range(0, n, block):
+                b = min(n, a + block)
+                kernels.region(
+                    acc, q[:, :, a:b], k[:, :, start:], v[:, :, start:], call.scale, q0 + a, 0, far_limit, start,
+                    kernels.TILE, out_offset=a, bias=bias,
+                )
+        else:  # positions with jumps: the causal (sliding) pairs by index, the bias at the rows' positions
+            _masked_blocks(acc, q, k, v, call.scale, group, [(None, None, None)], bias, far_limit)
+        return acc.out.to(q.dtype)
+
+    return call.run_rows(attend)
+
+
+# --- position rules --------------------------------------------------------------------------------
+
+
+def run_rule(call: Call) -> torch.Tensor:
+    """A program with a position rule: per row group, the rule's fast runner (positions ``0..m-1``) or its
+    regions (any increasing positions)."""
+    term = call.program.rule
+    device = call.q.device
+    inv_freq, attention_factor = term.frequencies(call.position_ids, call.k.shape[2], device)
+    bias = bias_function(call)
+    far_limit = None if call.sliding_window is None else call.sliding_window - 1
+    fast = FAST_RUNNERS.get(type(term.rule)) or next(
+        (run for cls, run in FAST_RUNNERS.items() if cls is not type(None) and isinstance(term.rule, cls)), None
+    )
+
+    def attend(group: RowGroup) -> torch.Tensor:
+        q, k, v = _scaled(call, group), group.k, group.v
+        acc = _accumulator(call, q, k, v, bias)
+        if group.contiguous and fast is not None:
+            keys = KeyRotation(term, group.keep, inv_freq, attention_factor)
+            fast(acc, term.rule, q, k, v, call.scale, group.q_pos, keys, bias, far_limit)
+        else:
+            regions = [(r.allowed, r.query, r.key) for r in _regions(term.rule)]
+            rotation = KeyRotation(term, NOWHERE, inv_freq, attention_factor)
+            _masked_blocks(acc, q, k, v, call.scale, group, regions, bias, far_limit, rotation)
+        return acc.out.to(q.dtype)
+
+    return call.run_rows(attend)
+
+
+def _regions(rule):
+    return plain_regions() if rule is None else rule.regions()
+
+
+def _masked_blocks(acc, q, k, v, scale, group: RowGroup, regions, bias, far_limit, rotation: KeyRotation | None = None):
+    """Every region as explicitly masked calls over query blocks: pairs ``j <= i`` (by index; within
+    ``far_limit`` keys when given) where the region's predicate holds at the rows' positions, the query and key
+    rotated at the region's positions (``None``: as they are)."""
+    i_all, j = group.q_pos, group.k_pos
+    n, m = q.shape[2], k.shape[2]
+    q_index = torch.arange(m - n, m, device=q.device)
+    k_index = torch.arange(m, device=q.device)
+    keys = []
+    for allowed_fn, query_at, key_at in regions:
+        if key_at is None:
+            keys.append(k)
+        else:
+            keys.append(rotate(k, key_at(j), rotation.inv_freq, rotation.attention_factor))
+    block = kernels.query_block(q) if q.device.type != "cpu" else min(kernels.QUERY_BLOCK, kernels.FALLBACK_TILE * 2)
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        i = i_all[a:b]
+        causal = k_index[None] <= q_index[a:b, None]  # [t, m]
+        if far_limit is not None:
+            causal &= k_index[None] >= q_index[a:b, None] - far_limit
+        block_bias = None if bias is None else bias(i, j)
+        for (allowed_fn, query_at, key_at), k_r in zip(regions, keys):
+            allowed = causal if allowed_fn is None else causal & allowed_fn(i[:, None], j[None])
+            if not bool(allowed.any()):
+                continue
+            q_r = q[:, :, a:b] if query_at is None else rotate(
+                q[:, :, a:b], query_at(i), rotation.inv_freq, rotation.attention_factor
+            )
+            acc.attend(a, b, q_r, k_r, v, scale, 0, allowed, bias=block_bias)
+
+
+# --- fast runners (rows at positions 0..m-1) ------------------------------------------------------------
+
+
+def _same(positions: torch.Tensor) -> torch.Tensor:
+    return positions
+
+
+def plain_rope(acc, rule, q, k, v, scale, q_pos, keys: KeyRotation, bias, far_limit=None) -> None:
+    """Plain RoPE rotated here: the queries at their positions over the keys at theirs (kept while decoding),
+    within the layer's sliding window (``far_limit`` keys back) if it has one."""
+    m, n = k.shape[2], q.shape[2]
+    q0 = m - n
+    start = 0 if far_limit is None else max(0, q0 - far_limit)
+    k_std = keys.at("position", k, _same, first=start)
+    block = n if bias is None else kernels.query_block(q)
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        q_std = rotate(q[:, :, a:b], q_pos[a:b], keys.inv_freq, keys.attention_factor)
+        kernels.region(
+            acc, q_std, k_std, v[:, :, start:], scale, q0 + a, 0, far_limit, start, kernels.TILE, out_offset=a, bias=bias
+        )
+
+
+def window(acc, method: WindowConfig, q, k, v, scale, q_pos, keys: KeyRotation, bias, far_limit=None) -> None:
+    """Plain RoPE for the ``w`` nearest keys (a band), the far rotation beyond (``i - j >= w``)."""
+    m, n = k.shape[2], q.shape[2]
+    q0 = m - n
+    w = method.window
+    inv_freq, attention_factor = keys.inv_freq, keys.attention_factor
+    band_start = max(0, q0 - w + 1)  # the band needs only the last keys (decode rotates w of them)
+    far_keys = m - w  # keys 0..m-w-1 can be w or more behind the last query
+    if method.far_key_is_position and far_keys > 0:
+        k_std = keys.at("position", k, _same)
+        k_band = k_std[:, :, band_start:]
+    else:
+        k_std = None
+        k_band = keys.at("position", k, _same, first=band_start)
+    block = kernels.query_block(q)  # (in blocks: one block's rotated queries at a time)
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        q_std = rotate(q[:, :, a:b], q_pos[a:b], inv_freq, attention_factor)
+        kernels.region(
+            acc, q_std, k_band, v[:, :, band_start:], scale, q0 + a, 0, w - 1, band_start, kernels.TILE,
+            out_offset=a, bias=bias,
+        )
+        del q_std
+    del k_band
+    if far_keys <= 0 or m - 1 < w:  # (the last query is at m - 1)
+        return
+    if k_std is not None:
+        k_far = k_std[:, :, :far_keys]
+    elif method.far_key_is_zero:
+        k_far = rotate_at_zero(k[:, :, :far_keys], inv_freq, attention_factor)
+    else:
+        k_far = keys.at(("far", method), k[:, :, :far_keys], method.far_key)
+    first = max(0, w - q0)  # queries before position w have no far keys
+    for a in range(first, n, block):  # (one block's rotated queries and output at a time)
+        b = min(n, a + block)
+        q_far = rotate(q[:, :, a:b], method.far_query(q_pos[a:b]), inv_freq, attention_factor)
+        kernels.region(acc, q_far, k_far, v[:, :, :far_keys], scale, q0 + a, w, None, out_offset=a, bias=bias)
+        del q_far
+
+
+def dual_chunk(acc, method: DualChunkConfig, q, k, v, scale, q_pos, keys: KeyRotation, bias, far_limit=None) -> None:
+    """Keys at ``j mod s``; a query at ``i mod s`` in its own chunk, at ``min(i mod s + s, chunk_size)`` over the
+    previous one, at ``chunk_size`` over older ones: one chunk's queries at a time."""
+    m, n = k.shape[2], q.shape[2]
+    q0 = m - n
+    s, size = method.chunk, method.chunk_size
+    inv_freq, attention_factor = keys.inv_freq, keys.attention_factor
+    k_rot = keys.at(("chunk", method), k, lambda j: torch.remainder(j, s))
+    a = 0
+    while a < n:  # (rotated per chunk: one chunk's copies at a time)
+        p0 = q0 + a
+        start = (p0 // s) * s  # their chunk
+        b = min(n, start + s - q0)
+        qc, within = q[:, :, a:b], torch.remainder(q_pos[a:b], s)
+        span = slice(start, q0 + b)
+        q_intra = rotate(qc, within, inv_freq, attention_factor)
+        kernels.region(acc, q_intra, k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, out_offset=a, bias=bias)
+        del q_intra
+        for span, query in (
+            (slice(start - s, start), torch.clamp(within + s, max=size)) if start >= s else (None, None),
+            (slice(0, start - s), torch.full_like(within, float(size))) if start >= 2 * s else (None, None),
+        ):
+            if span is None:
+                continue
+            block_bias = None if bias is None else bias(q_pos[a:b], torch.arange(span.start, span.stop, device=q.device, dtype=torch.float32))
+            q_other = rotate(qc, query, inv_freq, attention_factor)
+            acc.attend(a, b, q_other, k_rot[:, :, span], v[:, :, span], scale, span.start, bias=block_bias)
+            del q_other
+        a = b
+
+
+#: the fast runner of each rule class (``type(None)``: plain RoPE); a rule without one runs its ``regions()``
+FAST_RUNNERS = {type(None): plain_rope, WindowConfig: window, DualChunkConfig: dual_chunk}
+
+PLAIN_KERNEL = register_kernel(Kernel("plain attention", None, run_plain, rank=0, handles=(Bias,)))
+BIAS_KERNEL = register_kernel(Kernel("blockwise attention with biases", Bias, run_plain, rank=10, handles=(Bias,)))
+RULE_KERNEL = register_kernel(
+    Kernel("position-rule regions", PositionRule, run_rule, rank=20, handles=(PositionRule, Bias))
+)

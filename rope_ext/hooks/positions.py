@@ -1,0 +1,101 @@
+"""The hook kinds that rewrite attention on positions: ``attention`` (position rules: ReRoPE, Leaky ReRoPE,
+Self-Extend, STRING, Dual Chunk Attention) and ``query_scale`` (log-n).
+
+A position rule needs queries and keys unrotated: ``rotate_in_attention`` moves the rotation of the chosen layer
+types from the rotary module into the attention programs, with the frequencies the rotary replacement gives (a
+frequency method's, or the checkpoint's own); this installer then sets each full-attention layer's rule,
+resolved against its ``L`` (the rotation's, unless the method states its own), plus DCA's mscale as a query
+scale. log-n is a query scale alone: it needs no rotation of its own and runs on whatever reaches attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from rope_ext.attention.program import PositionRule, QueryScale
+from rope_ext.hooks.attention import installed_programs, program_setup
+from rope_ext.hooks.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.hooks.rotary import RotarySite, check_chosen_layers, no_layer_to_rewrite, rotate_in_attention
+from rope_ext.methods import HOOK_ATTENTION, HOOK_FREQUENCY, HOOK_QUERY_SCALE, AttentionConfig, LogNConfig, MethodConfig
+from rope_ext.methods.base import check_length_within
+
+
+class PositionRuleInstaller(HookInstaller):
+    """Attention-rewrite methods: a remapped relative position in every full-attention layer."""
+
+    kind = HOOK_ATTENTION
+    site_kinds = frozenset({RotarySite.kind, "attention"})
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        assert isinstance(method, AttentionConfig)
+        rotation = rotate_in_attention(builder, method.method)
+        limits = set()
+        for _layer, program, term in rotation.full:
+            check_length_within(method.method, method.original_max_position_embeddings, term.native)
+            term.rule = method.resolved(term.original)
+            mscale = getattr(term.rule, "mscale", False)
+            if mscale:
+                program.add(QueryScale(term.rule, term.rule.original))
+            frequency = rotation.rotary.method
+            within = term.original
+            if frequency is not None and not frequency.dynamic:  # distances the extended rotation handles
+                within = round(frequency.factor * rotation.rotary.specs[term.layer_type].original_max_position_embeddings)
+            limits.add(term.rule.intended_length(within))
+        limit = None if None in limits else min(limits)
+        builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
+
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        used = {term.rule for _, program in installed_programs(model) for term in program.of_type(PositionRule)
+                if type(term.rule) is type(method)}
+        return used.pop() if len(used) == 1 else method  # (layers resolved differently: no one value to state)
+
+
+class QueryScaleInstaller(HookInstaller):
+    """Query scaling (log-n): a per-position multiplier on the queries of every full-attention layer that has
+    positions, with ``L`` the rotation's (a frequency method's stated one, else the checkpoint's window) unless
+    the method states its own."""
+
+    kind = HOOK_QUERY_SCALE
+    site_kinds = frozenset({RotarySite.kind, "attention"})
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        assert isinstance(method, LogNConfig)
+        setup = program_setup(builder, method.method)
+        rotary_site = builder.sites.get(RotarySite.kind)[0]
+        chosen = rotary_site.layer_types(builder.option("layer_types"))
+        layers = [layer for layer, _ in setup.programs]
+        check_chosen_layers(setup.site.family, layers, chosen)
+        rotary = rotary_site.replacement(builder) if HOOK_FREQUENCY in builder.kinds else None
+        scaled = 0
+        for layer, program in setup.programs:
+            if not layer.rotary or layer.sliding_window is not None:
+                continue
+            if layer.layer_type not in chosen and None not in chosen:
+                continue
+            key = layer.layer_type if layer.layer_type in chosen else None
+            rule = program.rule
+            if rule is not None:
+                original, native = rule.original, rule.native
+            elif rotary is not None and key in rotary.specs:
+                original, native = rotary.specs[key].original_max_position_embeddings, rotary_site.native_length(key)
+            else:
+                original = native = rotary_site.native_length(key)
+            check_length_within(method.method, method.original_max_position_embeddings, native)
+            program.add(QueryScale(method, method.original_max_position_embeddings or original))
+            scaled += 1
+        if not scaled:
+            raise ValueError(no_layer_to_rewrite(setup.site.family, layers))
+
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        assert isinstance(method, LogNConfig)
+        originals = {term.original for _, program in installed_programs(model) for term in program.of_type(QueryScale)
+                     if term.method is method}
+        if method.original_max_position_embeddings is not None or len(originals) != 1:
+            return method
+        return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
+
+
+register_hook(PositionRuleInstaller())
+register_hook(QueryScaleInstaller())
