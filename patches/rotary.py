@@ -4,7 +4,7 @@ Such a model owns one rotary module (``model.model.rotary_emb``) holding ``inv_f
 ``attention_scaling`` and returning ``(cos, sin)`` that each attention layer applies with HF's
 ``rotate_half`` convention (pair ``i`` = dims ``i`` and ``i + d/2``). These families differ only by the
 rotary class, plus two table fields: the layer types patched by default on models with per-layer-type
-RoPE (Gemma 3: ``full_attention``; its sliding layers use a base of 10k and never see long distances)
+RoPE (Gemma 3, OLMo 3: ``full_attention``; their sliding layers never see long distances)
 and the rope types a family's config class accepts natively (Phi-3 rewrites any but ``longrope``, so
 other methods are saved in the ``rope_ext`` block alone). A family with behaviour of its own gets its
 own module beside this one.
@@ -106,7 +106,7 @@ ROTARY_FAMILIES: dict[str, tuple] = {
     "nemotron": ("nemotron.modeling_nemotron", "NemotronRotaryEmbedding"),
     "olmo": ("olmo.modeling_olmo", "OlmoRotaryEmbedding"),
     "olmo2": ("olmo2.modeling_olmo2", "Olmo2RotaryEmbedding"),
-    "olmo3": ("olmo3.modeling_olmo3", "Olmo3RotaryEmbedding"),
+    "olmo3": ("olmo3.modeling_olmo3", "Olmo3RotaryEmbedding", {"default_layer_types": ("full_attention",)}),
     "olmoe": ("olmoe.modeling_olmoe", "OlmoeRotaryEmbedding"),
     "persimmon": ("persimmon.modeling_persimmon", "PersimmonRotaryEmbedding"),
     "phi": ("phi.modeling_phi", "PhiRotaryEmbedding"),

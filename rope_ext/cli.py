@@ -231,6 +231,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         else:
             default = dataclasses.MISSING
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+        if name == "factor" and hasattr(cls, "default_factor"):  # (frequency methods: required, or a default)
+            kind, default = "float", cls.default_factor if cls.default_factor is not None else dataclasses.MISSING
         if default is dataclasses.MISSING:
             shown = "(required)"
         elif default is None:

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import logging
 import sys
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -392,35 +393,43 @@ class _RangeWarning:
             )
 
 
-@dataclass(eq=False)
 class _ReminderFilter(logging.Filter):
-    """Drops transformers' "exceeded the model's predefined maximum length" reminder for a length this patch
-    extends past (the patch warns by its own range instead)."""
+    """Drops transformers' "exceeded the model's predefined maximum length" reminder for a length a live patched
+    model extends past (the patch warns by its own range instead). One filter for the process; the models are
+    weakly held, so a model dropped without ``unpatch`` silences nothing."""
 
-    length: int
-
-    def __post_init__(self) -> None:
+    def __init__(self) -> None:
         super().__init__()
+        self.lengths: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(_REMINDER.format(self.length))
+        if not self.lengths:
+            return True
+        message = record.getMessage()
+        return not any(message.startswith(_REMINDER.format(length)) for length in set(self.lengths.values()))
+
+
+_REMINDERS = _ReminderFilter()
 
 
 @dataclass
-class _FilterEdit:
-    """Add a logging filter while patched."""
+class _SilenceReminder:
+    """While patched, ``_REMINDERS`` drops the reminder at ``length`` for ``model``."""
 
-    logger: logging.Logger
-    filter: logging.Filter
+    model: nn.Module
+    length: int
 
     def apply(self) -> None:
-        self.logger.addFilter(self.filter)
+        target = logging.getLogger("transformers.generation.stopping_criteria")
+        if _REMINDERS not in target.filters:
+            target.addFilter(_REMINDERS)
+        _REMINDERS.lengths[self.model] = self.length
 
     def changed(self) -> None:
         return None
 
     def revert(self) -> None:
-        self.logger.removeFilter(self.filter)
+        _REMINDERS.lengths.pop(self.model, None)
 
 
 def _warn_beyond_range(builder: PlanBuilder, anchor: nn.Module) -> None:
@@ -438,5 +447,4 @@ def _warn_beyond_range(builder: PlanBuilder, anchor: nn.Module) -> None:
         if edit.obj is config and edit.name == "max_position_embeddings":
             claimed = edit.new
     if isinstance(claimed, int) and (limit is None or limit > claimed):
-        target = logging.getLogger("transformers.generation.stopping_criteria")
-        builder.plan.edits.append(_FilterEdit(target, _ReminderFilter(claimed)))
+        builder.plan.edits.append(_SilenceReminder(anchor, claimed))

@@ -62,17 +62,21 @@ _HUB_KWARGS = ("revision", "subfolder", "trust_remote_code", "token", "cache_dir
 
 
 def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` that also restores a patch recorded in ``config.json``.
+    """``from_pretrained`` of the class the checkpoint names (its config's ``architectures``: a causal LM, a
+    sequence classifier...; ``AutoModelForCausalLM`` when it names none that transformers has) that also
+    restores a patch recorded in ``config.json``.
 
     The ``rope_ext`` block records the methods, their site options and the config values the patch
     replaced. The model is built from the config with those values put back (so it is the unpatched model,
-    even where the saved ``rope_parameters`` hold transformers' native version of the method) and then
-    patched again: ``get_patch`` and ``unpatch`` work as on the model that was saved. Keyword arguments
-    are transformers' own (config overrides such as ``use_cache=False`` included).
+    even where the saved ``rope_parameters`` hold transformers' native version of the method), patched again,
+    and given the saved values of the parameters the patch owns (``rope_ext.*`` in the checkpoint):
+    ``get_patch`` and ``unpatch`` work as on the model that was saved. Keyword arguments are transformers' own
+    (config overrides such as ``use_cache=False`` included).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from rope_ext.core import patch, saved_patch
+    from rope_ext.hooks.params import PARAMS_ATTR, container_of
     from rope_ext.methods import MethodConfig
     from rope_ext.patches import CONFIG_KEY
 
@@ -84,9 +88,10 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
         kwargs = hub | kwargs
     else:
         config = copy.deepcopy(config)  # the caller's object stays as it was
+    model_class = model_class_of(config)
     found = saved_patch(config)
     if found is None:
-        return AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+        return model_class.from_pretrained(path, config=config, **kwargs)
     methods, options, base, absent = found
     for where, value in base.items():
         owner, name = _resolve(config, where)
@@ -97,8 +102,81 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
             delattr(owner, name)
     if CONFIG_KEY in vars(config):
         delattr(config, CONFIG_KEY)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
-    return patch(model, [MethodConfig.from_dict(m) for m in methods], **options)
+    ignored = model_class.__dict__.get("_keys_to_ignore_on_load_unexpected", _UNSET)
+    # the patch's own parameters are loaded after patching: not "unused weights" of the unpatched model
+    model_class._keys_to_ignore_on_load_unexpected = [*(model_class._keys_to_ignore_on_load_unexpected or []), rf"^{PARAMS_ATTR}\."]
+    try:
+        model = model_class.from_pretrained(path, config=config, **kwargs)
+    finally:
+        if ignored is _UNSET:
+            del model_class._keys_to_ignore_on_load_unexpected
+        else:
+            model_class._keys_to_ignore_on_load_unexpected = ignored
+    patch(model, [MethodConfig.from_dict(m) for m in methods], **options)
+    container = container_of(model)
+    if container is not None:
+        saved = saved_tensors(path, f"{PARAMS_ATTR}.", hub)
+        missing = sorted(set(container.state_dict()) - set(saved))
+        if missing:
+            raise ValueError(
+                f"{path}: the checkpoint lacks the parameters of its rope_ext patch ({', '.join(missing)}); it was saved "
+                "without them (e.g. by a tool that keeps only the base model's weights)"
+            )
+        container.load_state_dict(saved)
+    return model
+
+
+_UNSET = object()
+
+
+def model_class_of(config: Any) -> type:
+    """The transformers class ``config.architectures`` names (the first one transformers has), else
+    ``AutoModelForCausalLM``."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and hasattr(cls, "from_pretrained"):
+            return cls
+    return transformers.AutoModelForCausalLM
+
+
+def saved_tensors(path: str | os.PathLike, prefix: str, hub: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of a saved checkpoint whose names start with ``prefix`` (the prefix removed): safetensors files,
+    sharded or not, in a local folder or (online) a hub repository; else ``pytorch_model*.bin``."""
+    from transformers.utils import cached_file
+
+    folder = Path(path) / hub.get("subfolder", "") if Path(path).is_dir() else None
+    files: list[Path] = []
+    if folder is not None:
+        files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    else:
+        lookup = {k: v for k, v in hub.items() if k in ("revision", "subfolder", "token", "cache_dir", "local_files_only")}
+        for name in ("model.safetensors.index.json", "model.safetensors"):
+            found = cached_file(path, name, _raise_exceptions_for_missing_entries=False, **lookup)
+            if found is None:
+                continue
+            if name.endswith(".json"):
+                import json
+
+                shards = sorted(set(json.loads(Path(found).read_text())["weight_map"].values()))
+                files = [Path(cached_file(path, shard, **lookup)) for shard in shards]
+            else:
+                files = [Path(found)]
+            break
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    if key.startswith(prefix):
+                        out[key[len(prefix) :]] = handle.get_tensor(key)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+            out.update({key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)})
+    return out
 
 
 def _resolve(config: Any, path: str) -> tuple[Any, str]:

@@ -274,11 +274,13 @@ def test_methods_name_shows_options_types_defaults_and_documentation(capsys):
     assert main(["methods", "yarn"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("yarn (hook kind: frequency)")
-    assert re.search(r"^  factor +float +1\.0$", out, flags=re.MULTILINE)
+    assert re.search(r"^  factor +float +\(required\)$", out, flags=re.MULTILINE)
     assert re.search(r"^  beta_fast +float +32\.0$", out, flags=re.MULTILINE)
     assert re.search(r"^  original_max_position_embeddings +int \| None +None: derived when patching \(from the "
                      r"model's context", out, flags=re.MULTILINE)
     assert "YaRN" in out
+    assert main(["methods", "dynamic_ntk"]) == 0
+    assert re.search(r"^  factor +float +1\.0$", capsys.readouterr().out, flags=re.MULTILINE)
     assert main(["methods", "dca"]) == 0
     out = capsys.readouterr().out
     assert "Dual Chunk Attention" in out and "chunk_size" in out and "Defaults ``chunk_size = 3L/4``" in out

@@ -302,7 +302,7 @@ def test_factor_below_one_is_refused(method):
          ValueError, r"original_max_position_embeddings must be an int >= 2, got 1"),
         ("llama", YarnConfig(factor=2.0), {"scale": 3}, ValueError, r"yarn: unknown option\(s\) scale; valid options"),
         ("llama", "yarn", {"factor": 2.0, "replace_scaling": "yes"}, ValueError, r"replace_scaling must be True or False"),
-        ("llama", ["yarn", "pi"], {}, ValueError, r"'yarn' and 'pi' are both 'frequency' methods; .*one method per hook"),
+        ("llama", ["yarn:factor=2", "pi:factor=2"], {}, ValueError, r"'yarn' and 'pi' are both 'frequency' methods; .*one method per hook"),
         ("llama", ["yarn", "logn"], {"beta": 2.0}, ValueError,
          r"beta is an option of none of the methods combined \(yarn: factor, .*; logn: original_max_position_embeddings\)"),
         ("llama", [], {}, ValueError, r"give at least one method; valid methods: dca, dynamic_ntk"),

@@ -57,6 +57,11 @@ for _model_type in ("olmo", "granite", "starcoder2", "stablelm", "phi", "smollm3
 for _model_type in ("mixtral", "qwen3_moe", "olmoe", "granitemoe"):
     FAMILY_CONFIGS[_model_type] = dict(rope_parameters=dict(_DEFAULT_ROPE), **_MOE)
 FAMILY_CONFIGS["qwen2_moe"] = dict(rope_parameters=dict(_DEFAULT_ROPE), shared_expert_intermediate_size=32, **_MOE)
+FAMILY_CONFIGS["olmo3"] = dict(rope_parameters=dict(_DEFAULT_ROPE), sliding_window=32,
+                               layer_types=["sliding_attention", "full_attention"])
+FAMILY_CONFIGS["ministral"] = dict(rope_parameters=dict(_DEFAULT_ROPE), sliding_window=32, head_dim=16,
+                                   layer_types=["sliding_attention", "full_attention"])
+FAMILY_CONFIGS["hunyuan_v1_dense"] = dict(rope_parameters=dict(_DEFAULT_ROPE), head_dim=16)
 for _model_type in ("glm4", "seed_oss", "ernie4_5"):  # their default head_dim is 128
     FAMILY_CONFIGS[_model_type]["head_dim"] = 16
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.utils import logging
 
@@ -86,6 +87,14 @@ class ProgramSetup:
     def build(cls, site: AttentionSite, builder: PlanBuilder) -> ProgramSetup:
         if site.refused is not None:
             raise ValueError(f"{site.family}: {site.refused}")
+        generation = getattr(builder.sites.model, "generation_config", None)
+        cache = getattr(generation, "cache_implementation", None)
+        if cache in ALL_STATIC_CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"{site.family}: this model's generation_config asks for a {cache!r} cache, a static (preallocated) "
+                "cache that rope_ext attention does not support; set model.generation_config.cache_implementation = "
+                "None (the default dynamic cache) before patching"
+            )
         setup = cls(site)
         configs: dict[int, Any] = {}
         for layer in site.layers:

@@ -154,14 +154,55 @@ def _share_options(items: list[Any], kwargs: dict[str, Any]) -> list[dict[str, A
     return shares
 
 
+def plain_value(value: Any) -> Any:
+    """A numpy scalar or a 0-d tensor as the Python number it holds (``np.int64(8)`` -> ``8``), an array or a tensor
+    as a list of numbers; lists and tuples element by element; anything else as it is."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_value(v) for v in value)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    shape = getattr(value, "shape", None)
+    if shape is not None and tuple(shape) == () and callable(getattr(value, "item", None)):
+        return value.item()
+    if shape is not None and callable(getattr(value, "tolist", None)):  # an array or tensor: its numbers, as a list
+        return value.tolist()
+    return value
+
+
+def _plain_fields(config: Any) -> None:
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        plain = plain_value(value)
+        if plain is not value:
+            object.__setattr__(config, field.name, plain)
+
+
 @dataclass(frozen=True)
 class MethodConfig:
-    """Base of every method config."""
+    """Base of every method config.
+
+    Options given as numpy scalars or 0-d tensors (``w=np.int64(8)``) are taken as the Python numbers they hold
+    before a config checks them (and so round-trip through ``config.json``)."""
 
     method: ClassVar[str]
     hook: ClassVar[str]
     #: options of ``SHARED_OPTIONS`` this method has but refuses: a combination's keyword passes it by
     unused_shared_options: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        _plain_fields(self)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "_plain_first", False):
+
+            def __post_init__(self, _own=own) -> None:
+                _plain_fields(self)
+                _own(self)
+
+            __post_init__._plain_first = True  # type: ignore[attr-defined]
+            cls.__post_init__ = __post_init__
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method}

@@ -182,11 +182,21 @@ class FrequencyConfig(MethodConfig):
     #: True when the frequencies depend on the current sequence length.
     dynamic: ClassVar[bool] = False
 
-    factor: float = 1.0
+    #: the factor when none is given: ``None`` (required) for the static methods, whose factor 1 is the identity
+    default_factor: ClassVar[float | None] = None
+
+    factor: float | None = None
     #: ``L``; ``None`` means what the model's config says.
     original_max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
+        if self.factor is None:
+            if self.default_factor is None:
+                raise ValueError(
+                    f"{self.method}: factor is required (the context is extended factor times, e.g. "
+                    f"{self.method}:factor=4 for 4x; factor 1 is the identity)"
+                )
+            object.__setattr__(self, "factor", self.default_factor)
         check_positive(self.method, "factor", self.factor)
         if self.factor < 1:
             raise ValueError(
@@ -262,6 +272,7 @@ class _DynamicConfig(FrequencyConfig):
     """
 
     dynamic: ClassVar[bool] = True
+    default_factor: ClassVar[float | None] = 1.0  # (factor 1 still scales past L: by l / L)
 
     cache_consistent: bool = False
 
@@ -450,6 +461,7 @@ class LongRopeConfig(FrequencyConfig):
 
     method: ClassVar[str] = "longrope"
     dynamic: ClassVar[bool] = True  # switches factor lists at l > L
+    default_factor: ClassVar[float | None] = 1.0  # (the factor lists scale; factor sets the attention factor only)
 
     long_factor: tuple[float, ...] | None = None
     short_factor: tuple[float, ...] | None = None

@@ -1,0 +1,284 @@
+"""Failures a new user's trial of main found (tiny models), each pinned: silent wrong results first, then
+messages and habits; plus the undo log's checks (unpatch restores only what still holds the patch's values)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from tiny import FAMILY_MODEL_TYPES, ORIGINAL_CONTEXT, input_ids, logits, tiny_config, tiny_model
+
+import rope_ext
+from rope_ext.attention import kernels
+from rope_ext.hooks import PlanBuilder, Sites
+
+L = ORIGINAL_CONTEXT
+
+
+# --- 1. the attention implementation changed after patching -----------------------------------------------
+
+
+def test_switching_the_attention_implementation_after_patching_is_refused():
+    model = tiny_model("llama")
+    ids = input_ids(2 * L)
+    base = logits(model, ids)
+    rope_ext.patch(model, "dca")
+    patched = logits(model, ids)
+    model.set_attn_implementation("eager")
+    with pytest.raises(RuntimeError, match=r"attention implementation was changed to 'eager' afterwards.*"
+                                           r"set_attn_implementation\('rope_ext'\)"):
+        model(input_ids=ids)
+    with pytest.raises(RuntimeError, match=r"cannot unpatch exactly.*changed to 'eager' after patching"):
+        rope_ext.unpatch(model)
+    model.set_attn_implementation("rope_ext")
+    assert torch.equal(logits(model, ids), patched)
+    rope_ext.unpatch(model)
+    assert model.config._attn_implementation == "sdpa" and torch.equal(logits(model, ids), base)
+
+
+def test_unpatch_refuses_what_was_changed_since_and_changes_nothing():
+    """A module wrapped over the patch's replacement, a config value set again: unpatch names it and keeps the
+    model as it is (a blind restore would undo the user's change); once undone, unpatch is exact."""
+    model = tiny_model("llama")
+    ids = input_ids(2 * L)
+    base = logits(model, ids)
+    rope_ext.patch(model, "yarn:factor=4")
+    rotary = model.model.rotary_emb
+    model.model.rotary_emb = torch.nn.Sequential()  # something put over it
+    with pytest.raises(RuntimeError, match=r"LlamaModel.rotary_emb is a Sequential, not the a RopeExtRotaryEmbedding"):
+        rope_ext.unpatch(model)
+    assert rope_ext.get_patch(model) is not None
+    model.model.rotary_emb = rotary
+    model.config.max_position_embeddings = 1000
+    with pytest.raises(RuntimeError, match=r"max_position_embeddings is 1000, not the 256 the patch set"):
+        rope_ext.unpatch(model)
+    model.config.max_position_embeddings = 4 * L
+    rope_ext.unpatch(model)
+    assert torch.equal(logits(model, ids), base) and model.config.max_position_embeddings == L
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "t5", "deberta-v2"])
+def test_config_aliases_are_edited_under_their_own_names(model_type):
+    """``max_position_embeddings`` (GPT-2: ``n_positions``), ``hidden_size`` (T5: ``d_model``),
+    ``num_attention_heads``: an edit lands on the attribute the alias maps to, and reverting restores it exactly
+    (no absent-then-AttributeError)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    before = config.to_dict()
+    builder = PlanBuilder(Sites(config, {}), {}, frozenset())
+    aliases = type(config).attribute_map
+    names = [n for n in ("max_position_embeddings", "hidden_size", "num_attention_heads") if hasattr(config, n)]
+    for name in names:
+        builder.edit_config(config, name, getattr(config, name) * 2)
+    builder.plan.apply()
+    for name in names:
+        assert getattr(config, name) == before[aliases.get(name, name)] * 2
+        if name in aliases:
+            assert builder.config_edits[names.index(name)].name == aliases[name]
+    builder.plan.revert()
+    assert config.to_dict() == before
+
+
+def test_from_pretrained_loads_the_head_class_the_checkpoint_names(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_config("llama")
+    config.num_labels = 3
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    ids = input_ids(2 * L)
+    rope_ext.patch(model, "yarn:factor=4+dca")
+    expected = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    restored = rope_ext.from_pretrained(tmp_path)
+    assert type(restored) is type(model) and rope_ext.get_patch(restored) == rope_ext.get_patch(model)
+    assert torch.equal(logits(restored, ids), expected)
+
+
+# --- 4. a checkpoint that already scales RoPE: attention methods take its window as L ---------------------
+
+
+def test_an_attention_method_on_a_scaled_checkpoint_takes_its_extended_window():
+    """llama3 x4 (original 64, window 256): the rotation stays the checkpoint's, L is its window (256); stating
+    L = 256 is accepted, above it refused; a frequency method still needs replace_scaling and starts from 64."""
+    scaled = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": L}
+    config = tiny_config("llama", rope_parameters=scaled)
+    config.max_position_embeddings = 4 * L
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = input_ids(3 * L)
+    base = logits(model, ids)
+    with rope_ext.patched(model, "dca") as patched:
+        assert rope_ext.get_patch(patched, resolved=True).original_max_position_embeddings == 4 * L
+        torch.testing.assert_close(logits(model, ids), base, rtol=0, atol=2e-5)  # 192 tokens: inside one chunk
+    with rope_ext.patched(model, "dca", original_max_position_embeddings=4 * L):
+        pass
+    with pytest.raises(ValueError, match=rf"exceeds the model's original context {4 * L}"):
+        rope_ext.patch(model, "dca", original_max_position_embeddings=8 * L)
+    with pytest.raises(ValueError, match="already uses RoPE scaling"):
+        rope_ext.patch(model, "yarn:factor=2+dca")
+    with rope_ext.patched(model, "yarn:factor=2+dca", replace_scaling=True) as both:
+        yarn, dca = rope_ext.get_patch(both, resolved=True)
+        assert yarn.original_max_position_embeddings == L and dca.original_max_position_embeddings == L
+
+
+# --- 6. a frequency method without its factor ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["pi", "ntk", "ntk_by_parts", "yarn", "llama3"])
+def test_static_frequency_methods_require_their_factor(method):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=rf"{method}: factor is required .*{method}:factor=4"):
+        rope_ext.patch(model, method)
+    with pytest.raises(ValueError, match="factor is required"):
+        rope_ext.patch(model, f"{method}+dca")
+    assert rope_ext.get_patch(model) is None
+    assert rope_ext.methods.make_config("dynamic_ntk").factor == 1.0  # (dynamic: 1 still scales past L)
+
+
+# --- 9. messages and habits -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [np.int64(8), torch.tensor(8), np.int32(8)], ids=["np.int64", "0-d tensor", "np.int32"])
+def test_numpy_and_tensor_scalars_are_taken_as_numbers(value, tmp_path):
+    model = tiny_model("llama")
+    rope_ext.patch(model, "rerope", w=value)
+    config = rope_ext.get_patch(model)
+    assert config.w == 8 and type(config.w) is int
+    rope_ext.unpatch(model)
+    assert rope_ext.methods.make_config("yarn", factor=np.float32(2.5)).factor == 2.5
+    assert type(rope_ext.methods.make_config("yarn", factor=torch.tensor(2.0)).factor) is float
+    assert rope_ext.methods.LongRopeConfig(long_factor=np.array([1.0, 2.0])).long_factor == (1.0, 2.0)
+    with pytest.raises(ValueError, match="w must be an int >= 1"):
+        rope_ext.patch(model, "rerope", w=torch.tensor([8, 9]))
+
+
+def test_a_static_cache_is_refused_at_patch_time():
+    model = tiny_model("llama")
+    model.generation_config.cache_implementation = "static"
+    with pytest.raises(ValueError, match=r"generation_config asks for a 'static' cache.*cache_implementation = None"):
+        rope_ext.patch(model, "dca")
+    assert rope_ext.get_patch(model) is None
+    rope_ext.patch(model, "yarn:factor=2")  # (the rotary module alone: any cache)
+    rope_ext.unpatch(model)
+
+
+def test_attention_dropout_trains_instead_of_being_refused():
+    """Dropout on the attention weights (training mode): each region's weights are dropped and the regions merge
+    by their undropped log-sum-exp, which is dropout on the final probabilities; its mean over many draws is
+    the output without dropout."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 1, 6, 8), torch.randn(1, 1, 6, 8)
+    plain = kernels.Accumulator(q, 8)
+    kernels.region(plain, q, k, v, 0.3, 0, 0, 2, 0, 4)
+    kernels.region(plain, q, k, v, 0.3, 0, 3, None, 0, 4)
+    draws = []
+    for _ in range(4000):
+        acc = kernels.Accumulator(q, 8, dropout=0.3)
+        kernels.region(acc, q, k, v, 0.3, 0, 0, 2, 0, 4)
+        kernels.region(acc, q, k, v, 0.3, 0, 3, None, 0, 4)
+        draws.append(acc.out)
+    draws = torch.stack(draws)
+    assert not torch.equal(draws[0], draws[1])
+    torch.testing.assert_close(draws.mean(0), plain.out, rtol=0, atol=0.05)
+    config = tiny_config("llama")
+    config.attention_dropout = 0.5
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config)
+    rope_ext.patch(model, "self_extend:G=4")
+    ids = input_ids(2 * L)
+    model.train()
+    first, second = model(input_ids=ids, labels=ids), model(input_ids=ids, labels=ids)
+    assert not torch.equal(first.logits, second.logits)
+    first.loss.backward()
+    model.eval()
+    assert torch.equal(logits(model, ids), logits(model, ids))
+
+
+def test_the_missing_hook_message_reads_well():
+    falcon = tiny_model("falcon")
+    with pytest.raises(ValueError, match="'dca' needs an 'attention' hook"):
+        rope_ext.patch(falcon, "dca")
+
+
+# --- 10. what a user missed ------------------------------------------------------------------------------------
+
+
+def test_summary_and_repr_show_what_is_patched():
+    model = tiny_model("gemma3")
+    assert rope_ext.summary(model) == "not patched by rope_ext"
+    rope_ext.patch(model, "yarn:factor=4+dca+logn")
+    text = rope_ext.summary(model)
+    assert text.splitlines()[0] == (
+        f"rope_ext patch: yarn:factor=4:original_max_position_embeddings={L} + "
+        f"dca:chunk_size={3 * L // 4}:local_window={L // 8}:original_max_position_embeddings={L} + "
+        f"logn:original_max_position_embeddings={L}"
+    )
+    assert "model.rotary_emb: RopeExtRotaryEmbedding(method=yarn, layer_types=['full_attention'], rotated in attention)" in text
+    assert "attention layer 1 (full_attention: dca(" in text and "+ dca scale + logn scale)" in text
+    assert "attention layer 0 (sliding_attention: plain)" in text
+    assert "rope_ext: dca(" in repr(model)
+    rope_ext.unpatch(model)
+    assert "rope_ext" not in repr(model)
+
+
+def test_a_sequence_beyond_the_methods_range_warns_once_and_transformers_reminder_is_silenced(caplog):
+    model = tiny_model("llama")
+    rope_ext.patch(model, "string")  # remapped distances stay below L up to L + S - W tokens
+    limit = L + L // 3 - min(128, L // 16)
+    with caplog.at_level(logging.WARNING, logger="rope_ext"):
+        logits(model, input_ids(limit))
+        assert "beyond what string was made for" not in caplog.text
+        logits(model, input_ids(limit + 1))
+        logits(model, input_ids(limit + 2))
+    assert caplog.text.count(f"beyond what string was made for ({limit} tokens") == 1
+    rope_ext.unpatch(model)
+    with rope_ext.patched(model, "yarn:factor=2"), caplog.at_level(logging.WARNING, logger="rope_ext"):
+        logits(model, input_ids(2 * L + 1))
+    assert f"beyond what yarn was made for ({2 * L} tokens" in caplog.text
+    from rope_ext.core import _REMINDERS
+
+    reminder = logging.LogRecord("x", logging.WARNING, "", 0, "This is a friendly reminder - the current text generation "
+                                 f"call has exceeded the model's predefined maximum length ({L}). Depending on", None, None)
+    with rope_ext.patched(model, "dca"):
+        assert _REMINDERS in logging.getLogger("transformers.generation.stopping_criteria").filters
+        assert not _REMINDERS.filter(reminder)
+    import gc
+
+    gc.collect()  # (models other tests patched and dropped: weakly held, gone once collected)
+    assert _REMINDERS.filter(reminder)  # unpatched: transformers' reminder is back
+    with rope_ext.patched(model, "yarn:factor=2"):  # max_position_embeddings says 2L: the reminder is right there
+        assert _REMINDERS.filter(reminder) and model not in _REMINDERS.lengths
+
+
+def test_every_registered_family_has_a_tiny_model_and_is_patched():
+    assert set(FAMILY_MODEL_TYPES) == set(rope_ext.list_families())
+
+
+@pytest.mark.parametrize("family", ["olmo3", "ministral", "hunyuan_v1_dense"])
+def test_families_the_trial_found_refused_are_supported(family):
+    model = tiny_model(family)
+    ids = input_ids(3 * L)
+    base = logits(model, ids)
+    for method in ("yarn:factor=4", "dca", "rerope+logn"):
+        with rope_ext.patched(model, method):
+            assert (logits(model, ids) - base).abs().max() > 1e-4
+        assert torch.equal(logits(model, ids), base)
+
+
+def test_importing_rope_ext_imports_no_modeling_module():
+    import subprocess
+    import sys
+
+    code = ("import sys, rope_ext; "
+            "print(sorted(m for m in sys.modules if m.startswith('transformers.models.') and '.modeling_' in m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().replace("'", '"')) == []
