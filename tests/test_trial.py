@@ -282,3 +282,22 @@ def test_importing_rope_ext_imports_no_modeling_module():
             "print(sorted(m for m in sys.modules if m.startswith('transformers.models.') and '.modeling_' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().replace("'", '"')) == []
+
+
+def test_long_cpu_attention_calls_hand_freed_memory_back(monkeypatch):
+    """glibc keeps freed heap blocks resident (the prefill's added memory then reads 1.25x SDPA's at 16k where the
+    memory actually held is 1.01x): a long CPU call trims the heap afterwards, a short one (decoding) does not."""
+    from rope_ext.attention import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: calls.append(pad))
+    memory.release_freed_memory(2048, 2048, "cpu")
+    assert calls == [0]
+    memory.release_freed_memory(1, 2048, "cpu")
+    memory.release_freed_memory(4096, 4096, "cuda")
+    assert calls == [0]
+    monkeypatch.setattr(memory, "TRIM_PAIRS", 1)
+    model = tiny_model("llama")
+    with rope_ext.patched(model, "dca"):
+        logits(model, input_ids(20))
+    assert len(calls) == 1 + model.config.num_hidden_layers

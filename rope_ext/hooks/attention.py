@@ -36,6 +36,7 @@ from transformers.utils import logging
 
 from rope_ext.attention import rules  # noqa: F401  (registers the kernels)
 from rope_ext.attention.key_cache import CacheLink
+from rope_ext.attention.memory import release_freed_memory
 from rope_ext.attention.program import AttentionProgram, Call
 from rope_ext.hooks.base import PlanBuilder, Site
 
@@ -195,7 +196,9 @@ def rope_ext_attention(
         program, query, key, value, scaling if scaling is not None else query.shape[-1] ** -0.5, rows, positions,
         float(dropout or 0.0), sliding_window, link, module,
     )
-    return program.run(call).transpose(1, 2).contiguous(), None
+    out = program.run(call).transpose(1, 2).contiguous()
+    release_freed_memory(n, m, query.device.type)
+    return out, None
 
 
 AttentionInterface.register(ATTENTION_KEY, rope_ext_attention)
