@@ -24,7 +24,7 @@ from torch import nn
 
 from rope_ext.hooks.attention import installed_programs
 from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtModule, get_hook
-from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, container_of
+from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_ATTENTION, MethodConfig, get_method_class, list_methods, make_configs
 from rope_ext.patches import CONFIG_KEY, find_family
 
@@ -192,7 +192,7 @@ def summary(model: nn.Module) -> str:
     methods = [get_hook(config.hook).in_use(owner, config) for config in state.methods]
     lines = [f"rope_ext patch: {' + '.join(_spec_of(config) for config in methods)}"]
     for name, module in owner.named_modules():
-        if isinstance(module, RopeExtModule) and hasattr(module, "extra_repr") and name.endswith("rotary_emb"):
+        if isinstance(module, RopeExtModule) and not isinstance(module, PatchParameters):  # a replaced module
             lines.append(f"  {name}: {type(module).__name__}({module.extra_repr()})")
     programs: dict[str, list[int]] = {}
     for module, program in installed_programs(owner):

@@ -107,7 +107,7 @@ def test_fast_path_matches_the_reference_with_jumping_position_ids(family, metho
     """Ids with jumps and offsets, different per row, padded or not, with gradients or not: the general path (the
     rule's regions) against the plain formula; and the ids matter (they change the logits)."""
     monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)
-    monkeypatch.setattr(kernels, "FALLBACK_TILE", 16)
+    monkeypatch.setattr(kernels, "MASKED_BLOCK", 16)  # several masked blocks on the general path
     model = tiny_model(family)
     batch = _jumping_batch(3 * L, 8 * L, seed=3)
     batch["position_ids"][1] += 17  # an offset too

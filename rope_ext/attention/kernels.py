@@ -41,6 +41,8 @@ TILE = 1024
 FALLBACK_TILE = 512
 #: queries per block of a far region on CPU: the block's rotated queries and output are the temporaries
 QUERY_BLOCK = 4096
+#: queries per explicitly masked call of the general path (positions with jumps): its mask and bias are that x keys
+MASKED_BLOCK = 1024
 
 
 def query_block(q: torch.Tensor) -> int:

@@ -295,38 +295,18 @@ class Call:
             yield RowGroup(r, q_r, k_r, v_r, q_pos, k_pos, contiguous, Keep(self.link, r, keep), queries)
 
     def run_rows(self, attend: Callable[[RowGroup], torch.Tensor]) -> torch.Tensor:
-        """``attend(group) -> [b', h, n', dv]`` over the row groups, scattered back to ``[b, h, n, dv]`` (queries of a
+        """``attend(group) -> [b', h, n', dv]`` over the row groups, put back as ``[b, h, n, dv]`` (the queries of a
         row that is all padding get zeros)."""
         groups = self.row_groups()
         first = next(groups, None)
         if first is not None and first.index is None:
             return attend(first)
         q, v = self.q, self.v
-        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, self.k, v))
-        parts = []
+        rows = [torch.zeros(*q.shape[1:-1], v.shape[-1], dtype=q.dtype, device=q.device) for _ in range(q.shape[0])]
         for group in ([first] if first is not None else []) + list(groups):
-            result = attend(group)[0]
-            if grad:
-                parts.append((group, result))
-            elif group.queries is None:
-                out[group.index] = result
-            else:
-                out[group.index, :, group.queries] = result
-        if grad:  # (autograd: no writes into a tensor it may save)
-            rows = []
-            by_index = {g.index: (g, res) for g, res in parts}
-            for r in range(q.shape[0]):
-                if r not in by_index:
-                    rows.append(out[r])
-                    continue
-                group, result = by_index[r]
-                if group.queries is None:
-                    rows.append(result)
-                else:
-                    rows.append(out[r].index_copy(1, group.queries, result))
-            out = torch.stack(rows)
-        return out
+            result = attend(group)[0]  # [h, n', dv]
+            rows[group.index] = result if group.queries is None else rows[group.index].index_copy(1, group.queries, result)
+        return torch.stack(rows)  # (out of place: autograd may keep what it multiplied)
 
 
 #: position_ids tensors analysed already (per forward every layer gets the same tensor): their analysis key and

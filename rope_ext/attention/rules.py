@@ -54,7 +54,7 @@ def _scaled(call: Call, group: RowGroup) -> torch.Tensor:
     return group.q if multiplier is None else group.q * multiplier.to(group.q.dtype)[:, None]
 
 
-def _accumulator(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias) -> kernels.Accumulator:
+def _accumulator(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> kernels.Accumulator:
     if kernels.SingleQuery.applies(q, k) and not call.dropout:
         return kernels.SingleQuery(q, v)
     return kernels.Accumulator(q, v.shape[-1], call.dropout)
@@ -73,7 +73,7 @@ def run_plain(call: Call) -> torch.Tensor:
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
         n, m = q.shape[2], k.shape[2]
-        acc = _accumulator(call, q, k, v, bias)
+        acc = _accumulator(call, q, k, v)
         if group.contiguous or bias is None:
             q0 = m - n
             start = 0 if far_limit is None else max(0, q0 - far_limit)
@@ -108,7 +108,7 @@ def run_rule(call: Call) -> torch.Tensor:
 
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
-        acc = _accumulator(call, q, k, v, bias)
+        acc = _accumulator(call, q, k, v)
         if group.contiguous and fast is not None:
             keys = KeyRotation(term, group.keep, inv_freq, attention_factor)
             fast(acc, term.rule, q, k, v, call.scale, group.q_pos, keys, bias, far_limit)
@@ -139,7 +139,7 @@ def _masked_blocks(acc, q, k, v, scale, group: RowGroup, regions, bias, far_limi
             keys.append(k)
         else:
             keys.append(rotate(k, key_at(j), rotation.inv_freq, rotation.attention_factor))
-    block = kernels.query_block(q) if q.device.type != "cpu" else min(kernels.QUERY_BLOCK, kernels.FALLBACK_TILE * 2)
+    block = min(kernels.query_block(q), kernels.MASKED_BLOCK)  # (each call's mask and bias are block x keys)
     for a in range(0, n, block):
         b = min(n, a + block)
         i = i_all[a:b]

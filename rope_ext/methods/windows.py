@@ -13,7 +13,9 @@ rotate q and k once per region and merge the regions (see ``rope_ext.attention``
   ``W``, else ``(i // G + W - W // G) - j // G`` (grouped positions, shifted to join the window).
 * STRING (An et al. 2024, arXiv:2410.18745; HKUNLP/STRING): ``rel`` below the shift ``S``, else
   ``rel - S + W`` (distant positions replaced by well-trained small ones).
-* log-n scaling (Su 2021; in ReRoPE's patch): queries times ``max(1, ln(i + 1) / ln L)``.
+
+log-n scaling (Su 2021; in ReRoPE's patch), queries times ``max(1, ln(i + 1) / ln L)``, is a query scale, not a
+mapping: ``LogNConfig.scale`` in ``rope_ext.methods.attention``.
 
 Checked against the formulas collected in the project's REFERENCES.md (from the repositories named).
 Positions broadcast: ``i`` shaped ``[..., q, 1]`` and ``j`` ``[..., 1, k]`` give ``[..., q, k]``.
@@ -62,13 +64,6 @@ def string_positions(i: torch.Tensor, j: torch.Tensor, shift: int, local: int) -
     _check_window("local", local)
     rel = i - j
     return torch.where(rel < shift, rel, rel - shift + local)
-
-
-def logn_scale(i: torch.Tensor, original: int) -> torch.Tensor:
-    """The query multiplier ``max(1, ln(i + 1) / ln L)`` at query positions ``i``."""
-    if isinstance(original, bool) or not isinstance(original, int) or original < 2:
-        raise ValueError(f"original must be an int >= 2, got {original!r}")
-    return torch.clamp(torch.log(i.to(torch.float64) + 1) / math.log(original), min=1.0)
 
 
 def dca_positions(i: torch.Tensor, j: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
