@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from typing import Any
 
 from torch import nn
@@ -64,7 +65,8 @@ def attention_layers(model: nn.Module, config: Any) -> list[AttentionLayer]:
 
 def attention_site(family: str, model: nn.Module, config: Any) -> AttentionSite | None:
     """The attention site of ``model``: its layers, the transformers model whose implementation they follow
-    (the outermost one sharing their config), and a reason programs are refused there (softcapping)."""
+    (the outermost one sharing their config), a reason programs are refused there (softcapping) and a reason the
+    rotation cannot move into attention (``rotation_refused``)."""
     from transformers import PreTrainedModel
 
     layers = attention_layers(model, config)
@@ -79,4 +81,52 @@ def attention_site(family: str, model: nn.Module, config: Any) -> AttentionSite 
             f"this model caps attention logits (attn_logit_softcapping={softcap}), which rope_ext's attention does "
             "not implement; methods that rewrite attention are refused for it"
         )
-    return AttentionSite(family, layers, owner, refused)
+    return AttentionSite(family, layers, owner, refused, rotation_refused(type(layers[0].module)))
+
+
+@functools.cache
+def rotation_refused(cls: type) -> str | None:
+    """Why queries and keys of this attention class cannot be rotated at attention time instead of by its own
+    forward (``None``: they can). Position rules need it: they get q and k unrotated and rotate them in HF's
+    ``rotate_half`` layout right before attention. Two things break that, read off the family's own code:
+
+    * its ``apply_rotary_pos_emb`` pairs dims another way (GLM-4, ERNIE 4.5 interleave them): probed on random
+      queries against ``rotate``;
+    * its forward changes queries or keys after rotating them (HunYuan applies its q/k norm after RoPE): read off
+      the forward's source, a ``query_states``/``key_states`` assignment from a module call after the rotation.
+    """
+    import sys
+
+    import torch
+
+    from rope_ext.methods.rope import rope_cos_sin, rotate
+
+    modeling = sys.modules.get(cls.__module__)
+    apply = getattr(modeling, "apply_rotary_pos_emb", None)
+    if callable(apply):
+        generator = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 2, 5, 8, generator=generator)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+        positions = torch.arange(5)
+        cos, sin = rope_cos_sin(positions[None], inv_freq, 1.0)
+        try:
+            rotated, _ = apply(q, q, cos, sin)
+            same = rotated.shape == q.shape and torch.allclose(rotated, rotate(q, positions, inv_freq, 1.0), atol=1e-6)
+        except Exception:  # noqa: BLE001  (a signature of its own: not the standard layout)
+            same = False
+        if not same:
+            return (
+                f"{cls.__name__} applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
+                "rope_ext's attention-time rotation does not reproduce"
+            )
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
+    after = source.split("apply_rotary_pos_emb(", 1)[1] if "apply_rotary_pos_emb(" in source else ""
+    if re.search(r"(query|key)_states\s*=\s*self\.\w+\((query|key)_states", after):
+        return (
+            f"{cls.__name__} transforms queries and keys after rotating them (a norm after RoPE), so they cannot be "
+            "rotated at attention time instead"
+        )
+    return None

@@ -129,9 +129,10 @@ def test_fast_path_matches_the_reference_with_jumping_position_ids(family, metho
         model.zero_grad()
 
 
-def test_a_padded_row_counts_positions_from_its_first_token():
-    """Left padding shifts nothing: ids numbered by slot (transformers' own), numbered from the first token
-    (generate's), or shifted as a whole give the same row; a jump inside the row is kept."""
+def test_position_ids_are_taken_as_they_are_and_padding_shifts_nothing():
+    """A padded row: ids numbered by slot (transformers' own, the pads counted) or by token (generate's) are its
+    own positions; an offset or a jump is taken as it is, in a padded batch as alone; a row without padding keeps
+    its ids whatever else the batch holds."""
     model = tiny_model("llama")
     ids = input_ids(2 * L, batch=2)
     mask = torch.ones_like(ids)
@@ -141,15 +142,19 @@ def test_a_padded_row_counts_positions_from_its_first_token():
     with rope_ext.patched(model, "self_extend", G=4):
         a = logits(model, ids, attention_mask=mask, position_ids=by_slot)
         b = logits(model, ids, attention_mask=mask, position_ids=by_token)
-        c = logits(model, ids, attention_mask=mask, position_ids=by_token + 100)
         alone = logits(model, ids[1:, 10:])
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        torch.testing.assert_close(a[1, 10:], alone[0], rtol=0, atol=2e-5)
+        shifted = by_token + 101  # (not a multiple of G: grouped distances change)
         jumped = by_token.clone()
         jumped[:, 70:] += 40
-        d = logits(model, ids, attention_mask=mask, position_ids=jumped)
-    for other in (b, c):
-        torch.testing.assert_close(a, other, rtol=0, atol=1e-5)
-    torch.testing.assert_close(a[1, 10:], alone[0], rtol=0, atol=2e-5)
-    assert (d[1, 70:] - a[1, 70:]).abs().max() > 1e-4
+        for custom in (shifted, jumped):
+            batch = logits(model, ids, attention_mask=mask, position_ids=custom)
+            row0 = logits(model, ids[:1], position_ids=custom[:1])
+            row1 = logits(model, ids[1:, 10:], position_ids=custom[1:, 10:])
+            torch.testing.assert_close(batch[0], row0[0], rtol=0, atol=2e-5)
+            torch.testing.assert_close(batch[1, 10:], row1[0], rtol=0, atol=2e-5)
+            assert (batch[0] - a[0]).abs().max() > 1e-4  # the ids mattered
 
 
 def test_what_stays_refused_says_so():

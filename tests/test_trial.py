@@ -268,10 +268,51 @@ def test_families_the_trial_found_refused_are_supported(family):
     model = tiny_model(family)
     ids = input_ids(3 * L)
     base = logits(model, ids)
-    for method in ("yarn:factor=4", "dca", "rerope+logn"):
+    methods = ("yarn:factor=4", "logn") if family == "hunyuan_v1_dense" else ("yarn:factor=4", "dca", "rerope+logn")
+    for method in methods:
         with rope_ext.patched(model, method):
             assert (logits(model, ids) - base).abs().max() > 1e-4
         assert torch.equal(logits(model, ids), base)
+
+
+@pytest.mark.parametrize(
+    ("family", "reason"),
+    [("glm4", "pair layout of its own"), ("ernie4_5", "pair layout of its own"),
+     ("hunyuan_v1_dense", "transforms queries and keys after rotating them")],
+)
+def test_families_whose_rotation_cannot_move_into_attention_refuse_position_rules(family, reason):
+    """GLM-4 and ERNIE 4.5 pair dims their own way in apply_rotary_pos_emb, HunYuan norms q and k after RoPE:
+    rotating at attention time would silently change the model, so position rules (and cache-consistent dynamic
+    methods) are refused; frequency methods and logn still work."""
+    model = tiny_model(family)
+    for method in ("rerope", "dca", "dynamic_ntk:factor=2:cache_consistent=true"):
+        with pytest.raises(ValueError, match=rf"{family}: .*{reason}.*frequency methods and logn work"):
+            rope_ext.patch(model, method)
+        assert rope_ext.get_patch(model) is None and model.config._attn_implementation == "sdpa"
+    for method in ("yarn:factor=2", "logn"):
+        with rope_ext.patched(model, method):
+            pass
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MODEL_TYPES))
+def test_a_window_covering_the_sequence_is_the_unpatched_model_in_every_family(family):
+    """Every family that takes position rules, with every norm weight made non-uniform (as trained checkpoints
+    have them): ReRoPE with its window past the sequence rotates exactly as the model does."""
+    model = tiny_model(family)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name and parameter.dim() == 1:
+                parameter.copy_(torch.linspace(0.5, 1.5, parameter.numel()))
+    ids = input_ids(L - 2, batch=2)
+    base = logits(model, ids)
+    try:
+        rope_ext.patch(model, "rerope", w=L - 1)
+    except ValueError as error:  # (refused, saying why: no attention site, softcapping, NoPE, the rotation)
+        assert any(reason in str(error) for reason in ("does not support", "softcapping", "NoPE", "sliding",
+                                                       "pair layout", "after rotating")), error
+        return
+    torch.testing.assert_close(logits(model, ids), base, rtol=0, atol=2e-5)
+    rope_ext.unpatch(model)
 
 
 def test_importing_rope_ext_imports_no_modeling_module():

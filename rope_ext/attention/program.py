@@ -316,23 +316,21 @@ _POSITIONS = WeakIdKeyDictionary()
 
 def _custom_positions(ids: torch.Tensor, rows: torch.Tensor | None, n: int, m: int) -> list[torch.Tensor] | None:
     """Per row, the kept queries' positions when ``position_ids`` differ from the keys' own, checked: increasing,
-    ``>= 0``, and equal to the keys' own where keys come from a cache (their positions were not seen). A padded
-    row's positions count from its first token."""
+    ``>= 0``, and equal to the keys' own where keys come from a cache (their positions were not seen). In a padded
+    row, ids numbered by slot (the pads counted, as transformers makes them) are its own positions too."""
     per_row = []
     differs = False
     for r in range(ids.shape[0]):
         kept = ids[r] if rows is None else ids[r][rows[r][m - n :]]
         count = m if rows is None else int(rows[r].sum())
         own = torch.arange(count - kept.shape[0], count, device=ids.device)
-        if rows is not None:
-            # a padded row's positions count from its first token: padding shifts nothing (transformers numbers the
-            # pads too when it makes position_ids itself, by slot; generate numbers the tokens alone)
+        if rows is not None and not bool(rows[r].all()):
+            # padding shifts nothing: transformers numbers the pads too when it makes position_ids itself (by slot),
+            # generate numbers the tokens alone; both are the row's own positions
             slots = rows[r][m - n :].nonzero().squeeze(-1) + (m - n)
             if torch.equal(kept, slots.to(kept.dtype)):
                 per_row.append(own)
                 continue
-            if n == m and kept.numel():
-                kept = kept - kept[0]
         if kept.shape == own.shape and torch.equal(kept, own.to(kept.dtype)):
             per_row.append(own)
             continue

@@ -64,7 +64,7 @@ class AttentionLayer:
 class AttentionSite(Site):
     """A model's attention modules (``layers``), the transformers model whose attention implementation they
     follow (``owner``), and what the family says of them: ``refused`` (a reason no attention program can run
-    there, e.g. logit softcapping) or ``None``."""
+    there, e.g. logit softcapping) and ``rotation_refused`` (a reason position rules cannot run there)."""
 
     kind: ClassVar[str] = "attention"
 
@@ -72,6 +72,8 @@ class AttentionSite(Site):
     layers: list[AttentionLayer]
     owner: nn.Module
     refused: str | None = None
+    #: why queries and keys cannot be rotated at attention time instead of by the module (``None``: they can)
+    rotation_refused: str | None = None
 
     def replacement(self, builder: PlanBuilder) -> ProgramSetup:
         return builder.replacement(self, lambda: (None, None, ProgramSetup.build(self, builder)))
@@ -111,6 +113,12 @@ class ProgramSetup:
 
 def attention_site(builder: PlanBuilder, method_name: str) -> AttentionSite:
     sites = builder.sites.get(AttentionSite.kind)
+    if not sites:
+        raise ValueError(
+            f"{method_name}: this model's attention does not run the function transformers' AttentionInterface holds "
+            "(it picks its implementation itself), so rope_ext cannot rewrite it; methods that only change the rotary "
+            "frequencies work (without cache_consistent)"
+        )
     if len(sites) != 1:
         raise ValueError(f"{method_name}: this model has {len(sites)} attention sites; rope_ext handles one")
     return sites[0]

@@ -431,6 +431,11 @@ def rotate_in_attention(builder: PlanBuilder, method_name: str) -> AttentionRota
     done = builder.memo.get(("rotate_in_attention", id(setup)))
     if done is not None:
         return done
+    if setup.site.rotation_refused is not None:
+        raise ValueError(
+            f"{method_name}: {setup.site.family}: {setup.site.rotation_refused}; methods that rotate in attention "
+            "(attention rewrites, cache_consistent dynamic methods) are refused for it, frequency methods and logn work"
+        )
     sites = builder.sites.get(RotarySite.kind)
     if len(sites) != 1:
         raise ValueError(f"{method_name}: this model has {len(sites)} rotary embeddings; rope_ext rotates one in attention")
