@@ -342,3 +342,30 @@ def test_long_cpu_attention_calls_hand_freed_memory_back(monkeypatch):
     with rope_ext.patched(model, "dca"):
         logits(model, input_ids(20))
     assert len(calls) == 1 + model.config.num_hidden_layers
+
+
+def test_a_cache_written_without_the_patch_is_refused():
+    """A position rule caches keys unrotated: a cache filled by the unpatched model (rotated keys) or by another
+    patch cannot be continued under it; a copy of the patch's own cache can."""
+    import copy as copying
+
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    ids = input_ids(2 * L)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache)
+    with rope_ext.patched(model, "rerope"):
+        with pytest.raises(ValueError, match=r"holds keys written by the model without this patch .*Start a new cache"):
+            model(input_ids=ids[:, :1], past_key_values=cache)
+        own = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=own)
+            model(input_ids=ids[:, :1], past_key_values=copying.deepcopy(own))  # a copy: the same patch's keys
+    with rope_ext.patched(model, "rerope"):  # the same method, patched again: another patch
+        with pytest.raises(ValueError, match="written by another rope_ext patch"):
+            model(input_ids=ids[:, :1], past_key_values=own)
+    own.reset()
+    with rope_ext.patched(model, "dca"), torch.no_grad():
+        model(input_ids=ids, past_key_values=own)  # emptied: any patch may fill it

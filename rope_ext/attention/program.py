@@ -119,6 +119,8 @@ class AttentionProgram:
     terms: list[Term] = field(default_factory=list)
     #: the cache layer of the forward under way (noted by the attention site before the module runs)
     pending: CacheLink | None = field(default=None, repr=False)
+    #: names the patch this program belongs to (the same in every layer of one patch, and in a copy of it)
+    patch_id: str = ""
 
     def add(self, term: Term) -> None:
         """Add ``term``; raises ``ValueError`` when the layer's kernel cannot run it beside the others."""

@@ -22,6 +22,7 @@ rules) also use the rotary site; this module does not.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -100,8 +101,9 @@ class ProgramSetup:
             )
         setup = cls(site)
         configs: dict[int, Any] = {}
+        patch_id = uuid.uuid4().hex
         for layer in site.layers:
-            program = AttentionProgram(layer.layer_type, layer.sliding_window)
+            program = AttentionProgram(layer.layer_type, layer.sliding_window, patch_id=patch_id)
             builder.edit(layer.module, PROGRAM_ATTR, program)
             builder.edit(layer.module, "extra_repr", functools.partial(_program_repr, program))
             builder.hook_forward(layer.module, _before_forward)
@@ -240,7 +242,26 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> N
             "the default dynamic cache (generate(..., cache_implementation=None))"
         )
     if program.rule is not None:
+        _check_cache_written_by(program, layer, index)
         program.pending = cache_link(layer)
+
+
+#: the attribute of a cache layer naming the patch whose position rule wrote its (unrotated) keys
+WRITTEN_BY_ATTR = "_rope_ext_written_by"
+
+
+def _check_cache_written_by(program: AttentionProgram, layer: Any, index: int) -> None:
+    """A layer with a position rule caches its keys unrotated: keys another patch, or the unpatched model (rotated
+    keys), wrote cannot be continued. Refused, and the layer marked as this patch's."""
+    written_by = vars(layer).get(WRITTEN_BY_ATTR)
+    if layer.get_seq_length() > 0 and written_by != program.patch_id:
+        who = "the model without this patch (its keys are rotated)" if written_by is None else "another rope_ext patch"
+        raise ValueError(
+            f"the KV cache's layer {index} holds keys written by {who}; a patch with {program.rule.name} caches keys "
+            "unrotated, so this cache cannot be continued under it. Start a new cache (and do not continue a cache "
+            "filled while patched after unpatching)"
+        )
+    vars(layer)[WRITTEN_BY_ATTR] = program.patch_id
 
 
 def cache_link(layer: Any) -> CacheLink | None:
