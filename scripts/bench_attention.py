@@ -12,10 +12,10 @@ over: with glibc's allocator as it is (what a user's process shows: freed heap m
 counts) and with ``MALLOC_MMAP_THRESHOLD_=131072`` (every block above 128 KiB its own mapping, returned on free:
 the memory the prefill actually holds), ``--memory-rounds`` rounds of the latter.
 
-Decode runs in one more process: the longest prompt is prefilled once (unpatched) and every configuration
-decodes ``--decode-tokens`` greedy tokens from its own copy of that cache (the speed of a step does not
-depend on the cached values; the rotated-key copy of a patched model is built at its first step), in
-``--decode-rounds`` interleaved rounds of SDPA and each method. Reported per configuration: the first
+Decode runs in one more process: each configuration on its own copy of the model prefills the longest prompt
+once (a position rule's cache holds unrotated keys: it belongs to its patch), then decodes
+``--decode-tokens`` greedy tokens from a copy of its cache (the rotated-key copy of a patched model is built at
+its first step), in ``--decode-rounds`` interleaved rounds of SDPA and each method. Reported per configuration: the first
 step (for the methods it builds the rotated copy of the cached keys: one rotation of every key per layer)
 and the steady rate of the steps after it, each as the median over rounds and as a ratio to SDPA of the
 same round.
@@ -149,28 +149,32 @@ def _child(config: str, length: int, threads: int) -> dict:
 
 
 def _decode_child(methods: list[str], length: int, tokens: int, rounds: int, threads: int) -> list[dict]:
+    """Each configuration on its own copy of the model (a position rule's cache holds unrotated keys and belongs
+    to its patch), prefilled once; every round decodes from a copy of that cache, configurations interleaved."""
     import rope_ext
 
     torch.set_num_threads(threads)
-    model, ids = _prompt(length)
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    prefilled, first_token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    base, ids = _prompt(length)
+    models, prefilled = {}, {}
+    for config in ["sdpa"] + methods:
+        model = copy.deepcopy(base) if config != "sdpa" else base
+        if config != "sdpa":
+            rope_ext.patch(model, config)
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        models[config], prefilled[config] = model, (out.past_key_values, out.logits[:, -1:].argmax(-1))
+        print(f"prefilled {config}", file=sys.stderr, flush=True)
     rows = []
     for round_ in range(rounds):
         for config in ["sdpa"] + methods:
-            cache = copy.deepcopy(prefilled)
-            if config != "sdpa":
-                rope_ext.patch(model, config)
-            token, steps = first_token, []
+            model, (cache, token) = models[config], prefilled[config]
+            cache, steps = copy.deepcopy(cache), []
             with torch.no_grad():
                 for _ in range(tokens):
                     began = time.perf_counter()
                     out = model(input_ids=token, past_key_values=cache, use_cache=True)
                     token = out.logits[:, -1:].argmax(-1)
                     steps.append(time.perf_counter() - began)
-            if config != "sdpa":
-                rope_ext.unpatch(model)
             rows.append({"config": config, "round": round_, "first_step_seconds": steps[0],
                          "steady_tokens_per_second": (len(steps) - 1) / sum(steps[1:]),
                          "tokens_per_second": len(steps) / sum(steps)})
