@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup corpus test demo bench clean
+.PHONY: setup corpus test demo bench mutation clean
 
 setup: $(STAMP) corpus
 
@@ -33,6 +33,12 @@ demo: setup
 
 bench: setup
 	$(PY) scripts/bench_overhead.py --repeats 5
+
+# Mutation testing of rope_ext/methods and rope_ext/attention (docs/testing.md): hours on 2 cores; `mutmut results`
+# lists the survivors afterwards, `mutmut show NAME` one of them. Results are kept in mutants/ (rerun: only what changed).
+mutation: setup
+	$(PY) -m pip install --quiet -e ".[dev]"
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1
 
 clean:
 	rm -rf $(VENV) *.egg-info

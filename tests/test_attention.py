@@ -218,19 +218,61 @@ def test_rotate_in_place_is_bit_exact_with_transformers_formula(dtype):
 # --- the fast path against the reference, in whole models --------------------------------------
 
 
+class _PathSpy:
+    """Which path computed a forward: counts of the fast runners (``rules.FAST_RUNNERS``), the general regions path
+    (``rules._masked_blocks``) and the region kernels (``kernels.region``: the plain kernel's too), and of the plain
+    reference (``reference._softmax_out``: every reference call ends there), which raises while ``fast_only``."""
+
+    def __init__(self, monkeypatch):
+        from rope_ext.attention import reference as reference_module
+
+        self.counts: dict[str, int] = {}
+        self.fast_only = False
+        for cls, runner in list(rules.FAST_RUNNERS.items()):
+            monkeypatch.setitem(rules.FAST_RUNNERS, cls, self._counting(runner.__name__, runner))
+        monkeypatch.setattr(rules, "_masked_blocks", self._counting("general", rules._masked_blocks))
+        monkeypatch.setattr(kernels, "region", self._counting("region", kernels.region))
+        monkeypatch.setattr(reference_module, "_softmax_out", self._counting("reference", reference_module._softmax_out))
+
+    def _counting(self, name, fn):
+        def counted(*args, **kwargs):
+            if name == "reference" and self.fast_only:
+                raise AssertionError("the plain reference ran while the fast path was expected")
+            self.counts[name] = self.counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    @contextlib.contextmanager
+    def fast(self):
+        self.counts, self.fast_only = {}, True
+        try:
+            yield self.counts
+        finally:
+            self.fast_only = False
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method,options", METHODS, ids=IDS)
 def test_fast_path_matches_reference(models, family, method, options, monkeypatch, small_tiles):
+    """The fast path (seen to run: its runner, never the reference) equals the plain reference (seen to run: never a
+    fast runner), and differs from the unpatched model: forcing every call onto the reference fails here."""
     model = models[family]
     ids = input_ids(3 * L + 7, batch=2)
     monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)  # several query blocks, not aligned with the tiles
+    spy = _PathSpy(monkeypatch)
     with rope_ext.patched(model, method, **(options or {})):
-        fast = logits(model, ids)
+        rule = next(iter(_rules(model)), None)
+        with spy.fast() as seen:
+            fast = logits(model, ids)
+        runner = {None: "region", "dca": "dual_chunk"}.get(rule and rule.rule.method, "window")  # logn: the plain kernel
+        assert seen.get(runner, 0) > 0 and "general" not in seen and "reference" not in seen, seen
+        spy.counts = {}
         with reference():
             reference_logits = logits(model, ids)
-        unpatched_like = fast
+        assert spy.counts.get("reference", 0) > 0 and set(spy.counts) == {"reference"}, spy.counts
     torch.testing.assert_close(fast, reference_logits, rtol=0, atol=2e-5)
-    assert (unpatched_like - logits(model, ids)).abs().max() > 1e-4  # the method changed something
+    assert (fast - logits(model, ids)).abs().max() > 1e-4  # the method changed something
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox"])
@@ -605,17 +647,34 @@ def test_get_patch_resolved_leaves_an_l_that_differs_between_layer_types():
 
 
 def test_peft_wrapped_model_and_bf16_cast():
+    """A peft-wrapped patched model gives the patched logits; cast to bfloat16, the fast path lies within twice the
+    bfloat16 reference's own distance from the float32 reference (bf16's noise, measured), and that bound is far
+    below the method's effect (the unpatched model's distance from the same reference), so a bf16 path that lost the
+    method would fail."""
     from peft import LoraConfig, get_peft_model
 
     model = tiny_model("llama")
+    for module in model.modules():  # sharper attention: tiny random models attend almost uniformly, and ReRoPE would
+        if hasattr(module, "scaling") and hasattr(module, "layer_idx"):  # move their logits by about bf16's noise
+            module.scaling *= 16.0
     ids = input_ids(2 * L)
+    unpatched = logits(model, ids)
     rope_ext.patch(model, "rerope")
     expected = logits(model, ids)
+    with reference():
+        exact = logits(model, ids)  # float32 model, attention in float64
     wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     torch.testing.assert_close(wrapped(input_ids=ids).logits.detach(), expected, rtol=0, atol=1e-5)
     wrapped.to(torch.bfloat16)
-    out = wrapped(input_ids=ids).logits.detach().float()
-    assert torch.isfinite(out).all() and (out - expected).abs().mean() < 0.1
+    with torch.no_grad():
+        out = wrapped(input_ids=ids).logits.float()
+        with reference():
+            noise = (wrapped(input_ids=ids).logits.float() - exact).abs().max().item()
+    bound, effect = 2 * noise, (unpatched - exact).abs().max().item()
+    assert 0 < bound < effect / 4, (bound, effect)  # (measured: bound 7e-3, effect 9e-2)
+    assert torch.isfinite(out).all()
+    error = (out - exact).abs().max().item()
+    assert error <= bound, f"bf16 fast path {error:.2e} from the fp32 reference; bf16 reference {noise:.2e}"
     rope_ext.unpatch(wrapped)
 
 

@@ -9,10 +9,10 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from rope_ext.attention import reference_attention, remapped_rope_scores
+from rope_ext.methods import LogNConfig
 from rope_ext.methods.frequency import default_inv_freq
 from rope_ext.methods.windows import (
     leaky_rerope_positions,
-    logn_scale,
     rerope_positions,
     self_extend_positions,
     string_positions,
@@ -88,10 +88,11 @@ def test_mappings_match_their_formulas():
 
 
 def test_logn_is_one_inside_the_original_context_and_grows_beyond():
-    scale = logn_scale(torch.arange(0, 256), 64)
+    """``LogNConfig.scale`` (the one log-n formula: the fast path's and the reference's query scale)."""
+    scale = LogNConfig().scale(torch.arange(0, 256), 64)
     assert torch.all(scale[:64] == 1.0)
     torch.testing.assert_close(scale[255], torch.tensor(math.log(256) / math.log(64), dtype=torch.float64))
-    assert torch.all(scale[65:] > 1.0)
+    assert torch.all(scale[64:] > 1.0)
 
 
 @pytest.mark.parametrize(
@@ -100,8 +101,10 @@ def test_logn_is_one_inside_the_original_context_and_grows_beyond():
         (lambda: rerope_positions(I, J, 0), r"window must be a finite number > 0, got 0"),
         (lambda: leaky_rerope_positions(I, J, 4, float("nan")), r"slope must be a finite number > 0, got nan"),
         (lambda: self_extend_positions(I, J, 4, 0), r"group must be an int >= 1, got 0"),
+        (lambda: self_extend_positions(I, J, 4, True), r"group must be an int >= 1, got True"),
+        (lambda: self_extend_positions(I, J, 4, 2.0), r"group must be an int >= 1, got 2.0"),
         (lambda: string_positions(I, J, -1, 4), r"shift must be a finite number > 0, got -1"),
-        (lambda: logn_scale(I, 1), r"original must be an int >= 2, got 1"),
+        (lambda: LogNConfig(original_max_position_embeddings=1), r"logn: original_max_position_embeddings must be an int >= 2, got 1"),
     ],
 )
 def test_bad_values_name_the_valid_range(call, message):
