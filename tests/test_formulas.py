@@ -438,10 +438,10 @@ def test_dca_mscale_squared_beyond_l_and_1_within():
 )
 def test_defaults_derived_from_l(length, rerope_w, se_W, string_S, string_W, dca_chunk, dca_local):
     assert ReRopeConfig().resolved(length).w == rerope_w
-    leaky = LeakyReRopeConfig().resolved(length)
-    assert (leaky.w, leaky.k) == (rerope_w, 16.0)
-    extend = SelfExtendConfig().resolved(length)
-    assert (extend.W, extend.G) == (se_W, 8)
+    leaky = LeakyReRopeConfig(k=min(16.0, length)).resolved(length)  # (a slope above L is refused: 16 needs L >= 16)
+    assert (leaky.w, LeakyReRopeConfig().k) == (rerope_w, 16.0)
+    extend = SelfExtendConfig(G=min(8, length)).resolved(length)  # (a group above L is refused: 8 needs L >= 8)
+    assert (extend.W, SelfExtendConfig().G) == (se_W, 8)
     string = StringConfig().resolved(length)
     assert (string.S, string.W) == (string_S, string_W)
     dca = DualChunkConfig().resolved(length)
