@@ -78,6 +78,14 @@ def find_family(model: nn.Module) -> FamilyAdapter:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", "?")
     if not found:
+        from transformers import PreTrainedModel
+
+        if not isinstance(model, PreTrainedModel):
+            raise ValueError(
+                f"rope_ext patches a whole model (a transformers PreTrainedModel with a config, or a peft model around "
+                f"one); got a {type(model).__name__}, which no supported family is: if it is part of a model, patch the "
+                f"model that contains it. Supported families: {', '.join(list_families())}"
+            )
         raise ValueError(
             f"rope_ext does not support {type(model).__name__} (model_type {model_type!r}); "
             f"supported families: {', '.join(list_families())}"

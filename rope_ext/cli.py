@@ -55,9 +55,11 @@ def parse_method_spec(spec: str) -> list[MethodConfig]:
 def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
     """``"none,yarn:factor=4"`` -> ``{"none": [], "yarn:factor=4": [YarnConfig(factor=4)]}``; commas inside
     brackets belong to a value (``longrope:long_factor=[1,1.5]``)."""
-    specs = [spec.strip() for spec in split_spec(text, ",") if spec.strip()]
-    if not specs:
+    specs = [spec.strip() for spec in split_spec(text, ",")]
+    if not any(specs):
         raise ValueError("give at least one method, e.g. none,yarn:factor=4")
+    if not all(specs):
+        raise ValueError(f"an empty method spec in {text!r} (two commas in a row, or one at an end); give each method once")
     for before, spec in zip(specs, specs[1:]):
         name = parse_spec(spec)[0][0] if spec else ""
         if "=" in name:  # "self_extend:G=4,W=16": an option after a comma, read as a method
@@ -203,6 +205,15 @@ def _method_doc(cls: type) -> str:
     return inspect.cleandoc(doc) if doc.strip() else ""
 
 
+def _first_sentence(doc: str) -> str:
+    """The first sentence of a docstring on one line, without reST's double backquotes."""
+    text = " ".join(doc.split()).replace("``", "")
+    if not text:
+        return "(no description)"
+    match = re.search(r"(?<=[.:])\s(?=[A-Z(])", text)
+    return text[: match.start()].rstrip(":") if match else text
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     from rope_ext.methods import get_method_class, list_methods
 
@@ -211,8 +222,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         width = max(len(name) for name in names) + 2
         for name in names:
             cls = get_method_class(name)
-            meaning = (_method_doc(cls).splitlines() or ["(no description)"])[0]
-            print(f"{name:{width}s}{cls.hook:12s} {meaning}")
+            print(f"{name:{width}s}{cls.hook:12s} {_first_sentence(_method_doc(cls))}")
         print("\n`rope-ext methods NAME`: a method's options, their types and defaults, and its documentation")
         return 0
     cls = get_method_class(args.name.strip())  # (unknown: ValueError naming the valid methods)
@@ -250,8 +260,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 def _cmd_families(args: argparse.Namespace) -> int:
     from rope_ext.patches import get_family, list_families
 
-    for name in list_families():
-        print(f"{name:12s} hooks: {', '.join(sorted(get_family(name).hooks))}")
+    names = list_families()
+    width = max(len(name) for name in names) + 2
+    for name in names:
+        print(f"{name:{width}s}hooks: {', '.join(sorted(get_family(name).hooks))}")
     return 0
 
 
@@ -319,12 +331,16 @@ def _common_run_config(args: argparse.Namespace, native: int) -> dict:
 
 
 def _site_options(args: argparse.Namespace) -> dict:
-    """``rope_ext.patch`` options of the model's sites, given on the command line."""
+    """``rope_ext.patch`` options of the model's sites, given on the command line (refused when no method
+    patches: they would configure nothing, yet be recorded with the run)."""
     options: dict[str, Any] = {}
     if args.replace_scaling:
         options["replace_scaling"] = True
     if args.layer_types:
         options["layer_types"] = args.layer_types
+    if options and not any(args.methods.values()):
+        given = " and ".join(f"--{name.replace('_', '-')}" for name in options)
+        raise ValueError(f"{given}: only with a method that patches the model (--methods has only 'none')")
     return options
 
 
@@ -444,6 +460,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
     # every check before anything is written: a failed run must not leave a configuration behind
     _check_ppl_options(args)
     _check_out(args.out)
+    _site_options(args)  # (checked before the model loads)
     given = [option for option, value in (("--split", args.split), ("--text-column", args.text_column)) if value]
     if given and not args.dataset:
         raise ValueError(f"{' and '.join(given)}: only for --dataset (text files and the default corpus have neither)")
@@ -486,7 +503,8 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         site_options=_site_options(args),
         target_lengths=target_lengths,
     )
-    _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; native context {native})")
+    _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; native context {native}; this "
+                 f"run's methods and lengths; every record of the folder: {Path(args.out) / 'ppl_summary.csv'})")
     _finish(args, Path(args.out))
     return 0
 
@@ -497,6 +515,7 @@ def _cmd_eval_passkey(args: argparse.Namespace) -> int:
     from rope_ext.eval.run import check_methods, run_passkey
 
     _check_out(args.out)
+    _site_options(args)  # (checked before the model loads)
     store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     model, tokenizer, native = _load(args)
     overhead = prompt_overhead(tokenizer)

@@ -79,6 +79,9 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
         name: default for kind in sites.by_kind.values() for site in kind for name, default in site.options.items()
     }
     given = {name: options.pop(name) for name in list(options) if name in site_options}
+    for kind in sites.by_kind.values():
+        for site_class in {type(site) for site in kind}:
+            site_class.check_options(given)
     try:
         configs = make_configs(method, **options)
     except ValueError as error:
@@ -170,13 +173,19 @@ def patched(model: ModelT, method: Any, *, discard_trained: bool = False, **opti
     """``with rope_ext.patched(model, "ntk", factor=2): ...`` -- patched inside, restored on exit (``unpatch``'s
     rules: parameters trained inside the block are discarded on exit only with ``discard_trained=True``)."""
     patch(model, method, **options)
+    ours = _find_state(model)[1]
+
+    def still_ours() -> bool:  # (the body may have unpatched, or unpatched and patched anew: that patch stays)
+        found = _find_state(model)
+        return found is not None and found[1] is ours
+
     try:
         yield model
     except BaseException:
-        if _find_state(model) is not None:  # the body may have unpatched already: keep its exception
+        if still_ours():  # keep the body's exception
             unpatch(model, discard_trained=discard_trained)
         raise
-    if _find_state(model) is not None:  # the body may have unpatched already
+    if still_ours():
         unpatch(model, discard_trained=discard_trained)
 
 
@@ -366,8 +375,8 @@ _REMINDER = "This is a friendly reminder - the current text generation call has 
 
 @dataclass(eq=False)
 class _RangeWarning:
-    """Forward pre-hook of the patched model: warns once when a forward's sequence (input plus cache) passes the
-    longest one its methods were made for."""
+    """Forward pre-hook of the patched model: warns once when a forward's sequence (input plus cache, or the
+    largest position id of a forward without a cache) passes the longest one its methods were made for."""
 
     method: str
     limit: int
@@ -384,6 +393,9 @@ class _RangeWarning:
         cache = kwargs.get("past_key_values")
         cached = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
         length = int(ids.shape[1]) + int(cached)
+        positions = kwargs.get("position_ids")
+        if positions is not None and not cached and positions.numel():  # (PoSE ids reach past the tokens; read
+            length = max(length, int(positions.max()) + 1)  # once per prompt, not at every cached step)
         if length > self.limit:
             self.warned = True
             _logger.warning(

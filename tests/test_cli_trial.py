@@ -404,3 +404,19 @@ def test_plot_bad_folders(tmp_path, capsys, make, message):
     assert main(["plot", str(path) if make else ""]) == 2
     err = capsys.readouterr().err
     assert f"rope-ext: error: {message.format(path=path)}" in err and "Traceback" not in err
+
+
+def test_site_options_with_only_none_and_empty_specs_are_refused(tmp_path, capsys):
+    """From the refactor's trial: ``--methods none --layer-types foo`` configured nothing yet was recorded (every
+    later run in the folder refused); ``none,,dca`` dropped the empty spec silently."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("word " * 50)
+    for extra, message in [
+        (["--methods", "none", "--layer-types", "foo"], "--layer-types: only with a method that patches the model"),
+        (["--methods", "none", "--replace-scaling"], "--replace-scaling: only with a method that patches the model"),
+        (["--methods", "none,,dca"], "an empty method spec in 'none,,dca'"),
+    ]:
+        code = main(["eval", "ppl", "--text-files", str(doc), "--out", str(tmp_path / "out"), "--lengths", "64",
+                     "--target-tokens", "16", *extra])
+        assert code == 2 and message in capsys.readouterr().err
+        assert not (tmp_path / "out").exists()

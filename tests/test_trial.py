@@ -369,3 +369,72 @@ def test_a_cache_written_without_the_patch_is_refused():
     own.reset()
     with rope_ext.patched(model, "dca"), torch.no_grad():
         model(input_ids=ids, past_key_values=own)  # emptied: any patch may fill it
+
+
+# --- from the trial of the refactor ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "message"),
+    [
+        ("yarn", {"factor": 2.0, "attention_factor": 1e30}, r"attention factor outside \(0, 100\]"),
+        ("yarn", {"factor": 2.0, "mscale": 1e30, "mscale_all_dim": 1.0}, r"attention factor outside \(0, 100\]"),
+        ("leaky_rerope", {"k": 10**30}, rf"k=10{'0' * 29} exceeds the original context L={L}; valid: 1..{L}"),
+        ("self_extend", {"G": 10**30}, rf"G=10{'0' * 29} exceeds the original context L={L}; valid: 1..{L}"),
+        ("dca", {"replace_scaling": "yes"}, "replace_scaling must be True or False, got 'yes'"),
+        ("yarn", {"factor": 2.0, "replace_scaling": 1}, "replace_scaling must be True or False, got 1"),
+    ],
+)
+def test_values_that_break_a_forward_are_refused_at_patch_time(method, options, message):
+    model = tiny_model("llama")
+    ids = input_ids(2 * L)
+    base = logits(model, ids)
+    with pytest.raises(ValueError, match=message):
+        rope_ext.patch(model, method, **options)
+    assert rope_ext.get_patch(model) is None and torch.equal(logits(model, ids), base)
+
+
+def test_a_config_dict_edited_in_place_is_seen_by_unpatch():
+    model = tiny_model("llama")
+    rope_ext.patch(model, "yarn:factor=4")
+    model.config.rope_parameters["factor"] = 8.0
+    with pytest.raises(RuntimeError, match=r"rope_parameters was edited in place since the patch set it"):
+        rope_ext.unpatch(model)
+    model.config.rope_parameters["factor"] = 4.0
+    rope_ext.unpatch(model)
+    assert model.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("method", ["dynamic_ntk:factor=2", "dynamic_yarn", "longrope:factor=4:long_factor=[1,1,1,1,2,2,2,2]"])
+def test_dynamic_methods_silence_the_reminder_at_l(method):
+    from rope_ext.core import _REMINDERS
+
+    model = tiny_model("llama")
+    with rope_ext.patched(model, method):
+        assert _REMINDERS.lengths.get(model) == L
+
+
+def test_the_range_warning_reads_position_ids_of_a_prompt(caplog):
+    model = tiny_model("llama")
+    with rope_ext.patched(model, "self_extend:W=8:G=3"), caplog.at_level(logging.WARNING, logger="rope_ext"):
+        limit = 3 * (L - 8 + 8 // 3)
+        ids = input_ids(40)
+        logits(model, ids, position_ids=torch.arange(40)[None] * 25)  # ids up to 975
+    assert f"a sequence of {39 * 25 + 1} tokens is beyond what self_extend was made for ({limit} tokens" in caplog.text
+
+
+def test_patching_a_part_of_a_model_says_to_patch_the_whole_model():
+    model = tiny_model("llama")
+    for part in (model.model.layers[0], model.model.rotary_emb):
+        with pytest.raises(ValueError, match=rf"got a {type(part).__name__}, which no supported family is: if it is "
+                                             "part of a model, patch the model that contains it"):
+            rope_ext.patch(part, "rerope")
+
+
+def test_patched_leaves_a_patch_the_body_made_anew():
+    model = tiny_model("llama")
+    with rope_ext.patched(model, "dca"):
+        rope_ext.unpatch(model)
+        rope_ext.patch(model, "rerope")
+    assert rope_ext.get_patch(model).method == "rerope"
+    rope_ext.unpatch(model)

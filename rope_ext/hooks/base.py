@@ -14,6 +14,7 @@ per-architecture table of locators.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,14 +77,23 @@ class AttrEdit:
     name: str
     new: Any
     old: Any = field(default=_MISSING, init=False)
+    #: a copy of a container value as set (a dict edited in place afterwards is still the same object)
+    applied: Any = field(default=_MISSING, init=False, repr=False)
 
     def apply(self) -> None:
         self.old = _own_attribute(self.obj, self.name)
         setattr(self.obj, self.name, self.new)
+        if isinstance(self.new, (dict, list, set)):
+            self.applied = copy.deepcopy(self.new)
 
     def changed(self) -> str | None:
         """What was done to the attribute since the patch set it (``None``: nothing)."""
         current = _own_attribute(self.obj, self.name)
+        if current is self.new and self.applied is not _MISSING and current != self.applied:
+            return (
+                f"{type(self.obj).__name__}.{self.name} was edited in place since the patch set it "
+                f"(now {_describe_value(current)}, set as {_describe_value(self.applied)})"
+            )
         if _same_value(current, self.new):
             return None
         return (
@@ -223,6 +233,10 @@ class Site:
     def replacement(self, builder: PlanBuilder) -> Any:
         """The object that replaces this site in the plan (built once, then configured by each installer)."""
         raise NotImplementedError(f"site {self.kind!r} has no replacement object")
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Raise ``ValueError`` naming the valid values when a site option given to ``patch`` is not one."""
 
 
 @dataclass

@@ -154,6 +154,12 @@ class RotarySite(Site):
     def replacement(self, builder: PlanBuilder) -> RopeExtRotaryEmbedding:
         return builder.replacement(self, lambda: (self.parent, self.attribute, RopeExtRotaryEmbedding(self.module)))
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        replace = options.get("replace_scaling", False)
+        if not isinstance(replace, bool):
+            raise ValueError(f"replace_scaling must be True or False, got {replace!r}")
+
     def layer_types(self, requested: list[str] | None) -> list[str | None]:
         available = getattr(self.module, "layer_types", None)
         if requested is not None and not isinstance(requested, (list, tuple)):
@@ -299,6 +305,10 @@ class RotarySite(Site):
         return self.native_rope_types is None or rope_type in self.native_rope_types
 
 
+#: the largest attention factor a frequency method may give (YaRN's is about 1.1-1.5 for factors 2-128)
+MAX_ATTENTION_FACTOR = 100.0
+
+
 def _check_finite(method: FrequencyConfig, spec: RotarySpec, device) -> None:
     """Refuse options whose frequencies overflow (inside L, and at 1024 L for the methods that depend on it)."""
     lengths = [None]
@@ -308,14 +318,15 @@ def _check_finite(method: FrequencyConfig, spec: RotarySpec, device) -> None:
         try:
             inv_freq, attention_factor = method.frequencies(spec, seq_len, device=device)
             finite = bool(torch.isfinite(inv_freq).all()) and bool((inv_freq > 0).all())
-            finite = finite and bool(torch.isfinite(torch.as_tensor(attention_factor, dtype=torch.float32)))
+            factor = torch.as_tensor(attention_factor, dtype=torch.float32)
+            finite = finite and bool(torch.isfinite(factor).all()) and bool(((factor > 0) & (factor <= MAX_ATTENTION_FACTOR)).all())
         except (OverflowError, ZeroDivisionError, RuntimeError):  # RuntimeError: a Python int too large for torch
             finite = False
         if not finite:
             raise ValueError(
-                f"{method.method}: these options give non-finite or zero rotary frequencies or attention factor "
-                f"for base={spec.base}, dim={spec.dim}, L={spec.original_max_position_embeddings} ({method}); "
-                "use smaller values"
+                f"{method.method}: these options give non-finite or zero rotary frequencies, or an attention factor "
+                f"outside (0, {MAX_ATTENTION_FACTOR:g}] (it scales the attention scores by its square), for "
+                f"base={spec.base}, dim={spec.dim}, L={spec.original_max_position_embeddings} ({method}); use smaller values"
             )
 
 
@@ -346,16 +357,16 @@ class FrequencyInstaller(HookInstaller):
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, FrequencyConfig)
         replace = builder.option("replace_scaling")
-        if not isinstance(replace, bool):
-            raise ValueError(f"replace_scaling must be True or False, got {replace!r}")
         for site in builder.sites.get(RotarySite.kind):
             chosen = site.layer_types(builder.option("layer_types"))
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
             self._config_edits(builder, site, method, specs)
+            # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)
+            limit = None
             if not method.dynamic:
                 limit = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
-                builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
+            builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
         if getattr(method, "cache_consistent", False):  # keys rotated in attention, with the current length's
             rotate_in_attention(builder, method.method)
 

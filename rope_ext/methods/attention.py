@@ -199,6 +199,12 @@ class LeakyReRopeConfig(_WindowW):
         if isinstance(self.k, bool) or not isinstance(self.k, (int, float)) or not math.isfinite(self.k) or self.k < 1:
             raise ValueError(f"{self.method}: k (the slope beyond the window) must be a finite number >= 1, got {self.k!r}")
 
+    def _with_defaults(self, original: int) -> LeakyReRopeConfig:
+        config = super()._with_defaults(original)
+        if self.k > original:  # (beyond L the far positions move less than one per window: ReRoPE)
+            raise ValueError(f"{self.method}: k={self.k} exceeds the original context L={original}; valid: 1..{original}")
+        return config
+
     def far_query(self, i):
         return self.w * (1 - 1 / self.k) + i / self.k
 
@@ -235,6 +241,8 @@ class SelfExtendConfig(WindowConfig):
     def _with_defaults(self, original: int) -> SelfExtendConfig:
         W = self.W if self.W is not None else max(1, original // 8)
         _check_below(self.method, "W", W, original, "the original context L")
+        if self.G > original:  # (groups longer than L put every far key at one position)
+            raise ValueError(f"{self.method}: G={self.G} exceeds the original context L={original}; valid: 1..{original}")
         return dataclasses.replace(self, W=W)
 
     @property
