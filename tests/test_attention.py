@@ -258,6 +258,9 @@ def test_fast_path_matches_reference(models, family, method, options, monkeypatc
     """The fast path (seen to run: its runner, never the reference) equals the plain reference (seen to run: never a
     fast runner), and differs from the unpatched model: forcing every call onto the reference fails here."""
     model = models[family]
+    for module in model.modules():  # sharper attention (restored after the test): tiny random models attend almost
+        if hasattr(module, "scaling") and hasattr(module, "layer_idx"):  # uniformly, so one pair scored at a wrong
+            monkeypatch.setattr(module, "scaling", module.scaling * 16.0)  # position would hide under the tolerance
     ids = input_ids(3 * L + 7, batch=2)
     monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)  # several query blocks, not aligned with the tiles
     spy = _PathSpy(monkeypatch)
