@@ -379,7 +379,7 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
     checkpoint, text = tiny_checkpoint
     assert _cli(tmp_path, checkpoint, text) == 0
     out = capsys.readouterr().out
-    assert "perplexity (fixed protocol; native context 64)" in out and "plot written to" in out
+    assert "perplexity (fixed protocol; native context 64; this run's methods and lengths" in out and "plot written to" in out
     run = tmp_path / "run"
     results = json.loads((run / "ppl.json").read_text())
     assert {(r["method"], r["length"]) for r in results["summary"]} == {
