@@ -299,6 +299,53 @@ def test_longrope_factor_lists_and_attention_factor(tensor_length):
     assert make_config("longrope", factor=4.0, long_factor=long_factor, attention_factor=1.5).frequencies(SPEC)[1] == 1.5
 
 
+# --- the rotation itself ---------------------------------------------------------------------------------------
+
+
+def _rotated_by_hand(x: torch.Tensor, positions, rotary: int, base: float, factor: float) -> torch.Tensor:
+    """RoPE with HF's layout: pair ``i`` is dims ``i`` and ``i + r/2``, turned by ``p * theta_i`` (cos and sin times
+    the attention factor); dims past ``r`` unchanged. ``positions[b][n]``, plain loops in float64."""
+    out = x.clone()
+    half = rotary // 2
+    for b in range(x.shape[0]):
+        for n in range(x.shape[2]):
+            p = positions[b][n]
+            for i in range(half):
+                c, s = math.cos(p * theta(i, base, rotary)) * factor, math.sin(p * theta(i, base, rotary)) * factor
+                lo, hi = x[b, :, n, i], x[b, :, n, i + half]
+                out[b, :, n, i], out[b, :, n, i + half] = lo * c - hi * s, hi * c + lo * s
+    return out
+
+
+def test_rotation_turns_each_pair_by_position_times_theta():
+    """``rotate`` (what the fast path and the key cache rotate with) and ``rope_cos_sin``: partial rotary (4 of 8
+    dims), sequences no longer than the rotary dims, positions per row, attention factors 1, 2 and 0.75, into ``out``
+    with and without gradients; ``rotate_at_zero``: the rotary dims times the factor."""
+    from rope_ext.methods.rope import rope_cos_sin, rotate, rotate_at_zero
+
+    x = torch.randn(2, 3, 3, 8, dtype=torch.float64)  # [b, h, n, d]: n = 3 below the 4 rotary dims, pairs of 2
+    inv_freq = torch.tensor(thetas(10000.0, 4), dtype=torch.float32)
+    rows = [[5.0, 9.0, 10.0], [0.0, 100.0, 250.0]]
+    for factor in (1.0, 2.0, 0.75):
+        expected = _rotated_by_hand(x, rows, 4, 10000.0, factor)
+        torch.testing.assert_close(rotate(x, torch.tensor(rows), inv_freq, factor), expected, rtol=0, atol=2e-5)
+        shared = _rotated_by_hand(x, [rows[0], rows[0]], 4, 10000.0, factor)
+        torch.testing.assert_close(rotate(x, torch.tensor(rows[0]), inv_freq, factor), shared, rtol=0, atol=2e-5)
+        buffer = torch.zeros_like(x)
+        rotate(x, torch.tensor(rows), inv_freq, factor, out=buffer)
+        torch.testing.assert_close(buffer, expected, rtol=0, atol=2e-5)
+        leaf, buffer = x.clone().requires_grad_(), torch.zeros_like(x)
+        rotate(leaf, torch.tensor(rows), inv_freq, factor, out=buffer)
+        torch.testing.assert_close(buffer.detach(), expected, rtol=0, atol=2e-5)
+        zero = x.clone()
+        zero[..., :4] *= factor
+        torch.testing.assert_close(rotate_at_zero(x, inv_freq, factor), zero, rtol=1e-7, atol=0)
+        cos, sin = rope_cos_sin(torch.tensor(rows), inv_freq, factor)
+        angles = hand([[[p * t for t in thetas(10000.0, 4)] * 2 for p in row] for row in rows])
+        torch.testing.assert_close(cos.double(), angles.cos() * factor, rtol=0, atol=2e-5)
+        torch.testing.assert_close(sin.double(), angles.sin() * factor, rtol=0, atol=2e-5)
+
+
 # --- attention mappings at hand-picked pairs ----------------------------------------------------------------
 
 #: (config resolved at L = 64, [(i, j, rel')]): pairs on both sides of every boundary, values worked out by hand
