@@ -271,3 +271,120 @@ def test_longrope_needs_long_factor_of_the_right_length():
 def test_bad_original_context_length():
     with pytest.raises(ValueError, match=r"original_max_position_embeddings must be an int >= 2, got 0"):
         make_config("yarn", factor=2.0, original_max_position_embeddings=0)
+
+
+# --- every option's bad values, with the whole message (mutation testing reads these as the validation's spec) ---
+
+
+@pytest.mark.parametrize(
+    "method,options,message",
+    [
+        ("yarn", {}, "yarn: factor is required (the context is extended factor times, e.g. yarn:factor=4 for 4x; "
+                     "factor 1 is the identity)"),
+        ("pi", {"factor": 0.5}, "pi: factor must be >= 1 (the context is extended factor times; 1 is the identity), "
+                                "got 0.5; a factor below 1 would shrink the context"),
+        ("pi", {"factor": 2.0, "original_max_position_embeddings": 32},
+         "pi: original_max_position_embeddings has no effect (PI divides every position by factor, whatever the "
+         "original length); leave it unset"),
+        ("longrope", {"factor": 2.0}, "longrope: long_factor is required: a list of rotary_dim / 2 positive floats "
+                                      "(one per frequency, e.g. from a LongRoPE search or a Phi-3 config)"),
+        ("longrope", {"factor": 2.0, "long_factor": []},
+         "longrope: long_factor must be a non-empty list of floats, got []"),
+        ("longrope", {"factor": 2.0, "long_factor": 2.0},
+         "longrope: long_factor must be a non-empty list of floats, got 2.0"),
+        ("longrope", {"factor": 2.0, "long_factor": [1.0], "short_factor": []},
+         "longrope: short_factor must be a non-empty list of floats, got []"),
+        ("yarn", {"factor": 2.0, "mscale": 1.0}, "yarn: set both mscale and mscale_all_dim, or neither"),
+        ("rerope", {"w": 0}, "rerope: w must be an int >= 1, got 0"),
+        ("rerope", {"w": True}, "rerope: w must be an int >= 1, got True"),
+        ("rerope", {"w": 2.5}, "rerope: w must be an int >= 1, got 2.5"),
+        ("string", {"S": 1}, "string: S must be an int >= 2, got 1"),
+        ("self_extend", {"G": None}, "self_extend: G must be an int >= 1, got None"),
+        ("leaky_rerope", {"k": 0.5}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, "
+                                     "got 0.5"),
+        ("leaky_rerope", {"k": True}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got True"),
+        ("leaky_rerope", {"k": "2"}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got '2'"),
+        ("leaky_rerope", {"k": float("inf")}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got inf"),
+        ("dca", {"chunk_size": 1}, "dca: chunk_size must be an int >= 2, got 1"),
+    ],
+)
+def test_bad_option_values_give_the_whole_message(method, options, message):
+    with pytest.raises(ValueError) as error:
+        make_config(method, **options)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(
+    "method,options,original,message",
+    [
+        ("rerope", {}, 1, "rerope: w must be 1..the original context L - 1, so the original context L must be >= 2; "
+                          "got 1"),
+        ("rerope", {"w": 8}, 8, "rerope: w=8 must be below the original context L (8); valid: 1..7"),
+        ("string", {}, 2, "string: S must be 2..the original context L - 1, so the original context L must be >= 3; "
+                          "got 2"),
+        ("string", {"W": 21}, 64, "string: W=21 must be below the shift S (21); valid: 1..20"),  # S = L // 3
+        ("string", {"S": 4, "W": 4}, 64, "string: W=4 must be below S=4; valid: 1..3"),
+        ("leaky_rerope", {"k": 65}, 64, "leaky_rerope: k=65 exceeds the original context L=64; valid: 1..64"),
+        ("dca", {"chunk_size": 8, "local_window": 8}, 64, "dca: local_window=8 must be below chunk_size (8); "
+                                                          "valid: 1..7"),
+    ],
+)
+def test_options_beyond_the_original_context_give_the_whole_message(method, options, original, message):
+    with pytest.raises(ValueError) as error:
+        config = make_config(method, **options)
+        config.resolved(original)
+    assert str(error.value) == message
+    if original < 8:  # the limit is L: one more and it resolves
+        config.resolved(original + 1)
+
+
+def test_make_config_takes_each_form_and_names_what_is_wrong():
+    """A name with options, a spec, a dict, a config with replacements; each refusal in full."""
+    from rope_ext.methods import make_configs
+
+    yarn = make_config("yarn", factor=4.0, beta_fast=16.0)
+    assert make_config("yarn:factor=4:beta_fast=16") == yarn == make_config("yarn:factor=4", beta_fast=16.0)
+    assert make_config({"method": "yarn", "factor": 4.0}, beta_fast=16.0) == yarn
+    assert make_config(make_config("yarn", factor=2.0), factor=4.0, beta_fast=16.0) == yarn
+    assert make_config(yarn) is yarn
+    assert make_config("yarn", factor=4.0).to_dict()["method"] == "yarn"
+    assert make_config("longrope", factor=2.0, long_factor=(1.0, 2.0)).to_dict()["long_factor"] == [1.0, 2.0]
+    valid = ", ".join(list_methods())
+    cases = [
+        (({"factor": 4.0},), {}, f"a method dict needs a 'method' key; valid methods: {valid}"),
+        (({"method": "yarn", "factor": 4.0},), {"factor": 2.0},
+         "option(s) factor given both in {'method': 'yarn', 'factor': 4.0} and as keyword arguments"),
+        (("yarn:factor=4:beta_fast=16",), {"beta_fast": 8.0, "factor": 2.0},
+         "option(s) beta_fast, factor given both in 'yarn:factor=4:beta_fast=16' and as keyword arguments"),
+        (("yarn:factor=4+dca",), {}, "'yarn:factor=4+dca' combines 2 methods; pass it to rope_ext.patch or "
+                                     "make_configs (one config each)"),
+    ]
+    for args, kwargs, message in cases:
+        with pytest.raises(ValueError) as error:
+            make_config(*args, **kwargs)
+        assert str(error.value) == message
+    with pytest.raises(TypeError) as error:
+        make_config(3)
+    assert str(error.value) == ("method must be a name or spec ('yarn:factor=4'), a dict with a 'method' key, a method "
+                                f"config or a list of those, not int 3; valid methods: {valid}")
+    assert [c.method for c in make_configs("dca+yarn:factor=4")] == ["yarn", "dca"]  # HOOK_ORDER
+
+
+def test_numpy_and_tensor_options_become_plain_numbers():
+    import numpy as np
+
+    from rope_ext.methods.base import plain_value
+
+    for value, plain in [(np.int64(8), 8), (torch.tensor(8), 8), (np.float32(0.5), 0.5), (torch.tensor([1, 2]), [1, 2]),
+                         (np.array([1.5, 2.0]), [1.5, 2.0]), ([np.int64(1), torch.tensor(2.0)], [1, 2.0]),
+                         ((np.int64(1),), (1,)), (True, True), (None, None), ("x", "x")]:
+        got = plain_value(value)
+        assert got == plain and type(got) is type(plain) and all(type(a) is type(b) for a, b in
+                                                                   zip(got if isinstance(got, (list, tuple)) else [got],
+                                                                       plain if isinstance(plain, (list, tuple)) else [plain]))
+    other = object()
+    assert plain_value(other) is other
+    config = make_config("rerope", w=np.int64(8))
+    assert type(config.w) is int and config.w == 8
+    config = make_config("yarn", factor=torch.tensor(4.0), original_max_position_embeddings=np.int32(64))
+    assert (type(config.factor), type(config.original_max_position_embeddings)) == (float, int)
