@@ -306,6 +306,20 @@ def test_bad_original_context_length():
         ("leaky_rerope", {"k": "2"}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got '2'"),
         ("leaky_rerope", {"k": float("inf")}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got inf"),
         ("dca", {"chunk_size": 1}, "dca: chunk_size must be an int >= 2, got 1"),
+        ("yarn", {"factor": 2.0, "beta_fast": 0}, "yarn: beta_fast must be a finite number > 0, got 0"),
+        ("yarn", {"factor": 2.0, "beta_slow": -1.0}, "yarn: beta_slow must be a finite number > 0, got -1.0"),
+        ("yarn", {"factor": 2.0, "truncate": 1}, "yarn: truncate must be True or False, got 1"),
+        ("yarn", {"factor": 2.0, "attention_factor": 0}, "yarn: attention_factor must be a finite number > 0, got 0"),
+        ("yarn", {"factor": 2.0, "mscale": 0, "mscale_all_dim": 1.0}, "yarn: mscale must be a finite number > 0, got 0"),
+        ("yarn", {"factor": 2.0, "mscale": 1.0, "mscale_all_dim": "x"}, "yarn: mscale_all_dim must be a finite number > 0, got 'x'"),
+        ("yarn", {"factor": 2.0, "attention_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}, "yarn: give attention_factor or mscale/mscale_all_dim, not both"),
+        ("llama3", {"factor": 2.0, "low_freq_factor": 0}, "llama3: low_freq_factor must be a finite number > 0, got 0"),
+        ("llama3", {"factor": 2.0, "high_freq_factor": float("nan")}, "llama3: high_freq_factor must be a finite number > 0, got nan"),
+        ("longrope", {"factor": 2.0, "long_factor": [1.0, 0.0]}, "longrope: every long_factor entry must be a finite number > 0, got 0.0"),
+        ("longrope", {"factor": 2.0, "long_factor": [1.0], "attention_factor": -1}, "longrope: attention_factor must be a finite number > 0, got -1"),
+        ("dynamic_ntk", {"factor": 2.0, "cache_consistent": "yes"}, "dynamic_ntk: cache_consistent must be True or False, got 'yes'"),
+        ("yarn", {"factor": 0}, "yarn: factor must be a finite number > 0, got 0"),
+        ("yarn", {"factor": 2.0, "original_max_position_embeddings": 1}, "yarn: original_max_position_embeddings must be an int >= 2, got 1"),
     ],
 )
 def test_bad_option_values_give_the_whole_message(method, options, message):
@@ -388,3 +402,33 @@ def test_numpy_and_tensor_options_become_plain_numbers():
     assert type(config.w) is int and config.w == 8
     config = make_config("yarn", factor=torch.tensor(4.0), original_max_position_embeddings=np.int32(64))
     assert (type(config.factor), type(config.original_max_position_embeddings)) == (float, int)
+
+
+@pytest.mark.parametrize(
+    "method,options",
+    [
+        ("pi", {"factor": 3.0}),
+        ("ntk_by_parts", {"factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}),
+        ("yarn", {"factor": 4.0}),
+        ("yarn", {"factor": 4.0, "attention_factor": 1.3, "beta_fast": 24.0}),
+        ("yarn", {"factor": 4.0, "mscale": 0.8, "mscale_all_dim": 0.5}),
+        ("llama3", {"factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0}),
+        ("dynamic_ntk", {"factor": 2.0}),
+    ],
+)
+def test_native_rope_parameters_give_the_same_frequencies_in_transformers(method, options):
+    """What a patch saves for plain transformers (``native_rope_parameters``): transformers' own init function on it
+    gives this method's frequencies and attention factor (a renamed key, a dropped option or a wrong type fails)."""
+    config = make_config(method, **options)
+    native = config.native_rope_parameters(SPEC, SPEC.original_max_position_embeddings)
+    assert native is not None and all(type(v) in (str, float, int, bool) for v in native.values())
+    theirs, their_attention = _native(native)
+    seq_len = SPEC.original_max_position_embeddings if method == "dynamic_ntk" else None
+    ours, our_attention = config.frequencies(SPEC, seq_len)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+    assert float(our_attention) == pytest.approx(their_attention, rel=1e-6)
+    if method == "dynamic_ntk":  # transformers' "dynamic" reads L from max_position_embeddings: equal or none
+        assert native == {"rope_type": "dynamic", "factor": 2.0}
+        assert config.native_rope_parameters(SPEC, 2 * SPEC.original_max_position_embeddings) is None
+    if "mscale" in options:
+        assert (native["mscale"], native["mscale_all_dim"]) == (0.8, 0.5)
