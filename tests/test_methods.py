@@ -306,6 +306,10 @@ def test_bad_original_context_length():
         ("leaky_rerope", {"k": "2"}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got '2'"),
         ("leaky_rerope", {"k": float("inf")}, "leaky_rerope: k (the slope beyond the window) must be a finite number >= 1, got inf"),
         ("dca", {"chunk_size": 1}, "dca: chunk_size must be an int >= 2, got 1"),
+        ("self_extend", {"W": 0}, "self_extend: W must be an int >= 1, got 0"),
+        ("string", {"W": 0}, "string: W must be an int >= 1, got 0"),
+        ("dca", {"local_window": 0}, "dca: local_window must be an int >= 1, got 0"),
+        ("dca", {"mscale": 1}, "dca: mscale must be True or False, got 1"),
         ("yarn", {"factor": 2.0, "beta_fast": 0}, "yarn: beta_fast must be a finite number > 0, got 0"),
         ("yarn", {"factor": 2.0, "beta_slow": -1.0}, "yarn: beta_slow must be a finite number > 0, got -1.0"),
         ("yarn", {"factor": 2.0, "truncate": 1}, "yarn: truncate must be True or False, got 1"),
@@ -339,6 +343,8 @@ def test_bad_option_values_give_the_whole_message(method, options, message):
         ("string", {"W": 21}, 64, "string: W=21 must be below the shift S (21); valid: 1..20"),  # S = L // 3
         ("string", {"S": 4, "W": 4}, 64, "string: W=4 must be below S=4; valid: 1..3"),
         ("leaky_rerope", {"k": 65}, 64, "leaky_rerope: k=65 exceeds the original context L=64; valid: 1..64"),
+        ("self_extend", {"W": 8}, 8, "self_extend: W=8 must be below the original context L (8); valid: 1..7"),
+        ("self_extend", {"W": 4, "G": 9}, 8, "self_extend: G=9 exceeds the original context L=8; valid: 1..8"),
         ("dca", {"chunk_size": 8, "local_window": 8}, 64, "dca: local_window=8 must be below chunk_size (8); "
                                                           "valid: 1..7"),
     ],

@@ -126,3 +126,26 @@ def test_reference_attention_with_true_distances_is_sdpa_with_rope():
     q_rot, k_rot = apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
     expected = torch.nn.functional.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_each_mapping_names_its_bad_argument():
+    from rope_ext.methods.windows import (dca_positions, leaky_rerope_positions, rerope_positions,
+                                          self_extend_positions, string_positions)
+
+    i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    cases = [
+        (lambda: rerope_positions(i, j, 0), "window must be a finite number > 0, got 0"),
+        (lambda: leaky_rerope_positions(i, j, True, 2.0), "window must be a finite number > 0, got True"),
+        (lambda: leaky_rerope_positions(i, j, 2, float("inf")), "slope must be a finite number > 0, got inf"),
+        (lambda: self_extend_positions(i, j, -1, 2), "neighbor_window must be a finite number > 0, got -1"),
+        (lambda: self_extend_positions(i, j, 2, 0), "group must be an int >= 1, got 0"),
+        (lambda: string_positions(i, j, 0, 1), "shift must be a finite number > 0, got 0"),
+        (lambda: string_positions(i, j, 3, "1"), "local must be a finite number > 0, got '1'"),
+        (lambda: dca_positions(i, j, 0, 1), "chunk_size must be a finite number > 0, got 0"),
+        (lambda: dca_positions(i, j, 4, float("nan")), "local_window must be a finite number > 0, got nan"),
+        (lambda: dca_positions(i, j, 4, 4), "local_window must be below chunk_size, got 4 >= 4"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError) as error:
+            call()
+        assert str(error.value) == message
