@@ -278,6 +278,24 @@ def test_fast_path_matches_reference(models, family, method, options, monkeypatc
     assert (fast - logits(model, ids)).abs().max() > 1e-4  # the method changed something
 
 
+@pytest.mark.parametrize("method,options", METHODS[:4], ids=IDS[:4])
+def test_sequences_one_or_two_past_the_window_match_the_reference(models, method, options, monkeypatch):
+    """The window runners' edges: a sequence of exactly w + 1 tokens has one far key (the last query's key 0, at
+    distance w); w + 2 has two; w has none. Each length, fast path == reference (sharpened attention)."""
+    model = models["llama"]
+    for module in model.modules():
+        if hasattr(module, "scaling") and hasattr(module, "layer_idx"):
+            monkeypatch.setattr(module, "scaling", module.scaling * 16.0)
+    with rope_ext.patched(model, method, **(options or {})):
+        w = _rules(model)[0].rule.window
+        for length in (w, w + 1, w + 2):
+            ids = input_ids(length, seed=length)
+            fast = logits(model, ids)
+            with reference():
+                expected = logits(model, ids)
+            torch.testing.assert_close(fast, expected, rtol=0, atol=2e-5, msg=lambda m: f"length {length}: {m}")
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox"])
 @pytest.mark.parametrize("method,options", METHODS[:6], ids=IDS[:6])
 def test_left_padded_batch_equals_each_row_alone(models, family, method, options, monkeypatch, small_tiles):
