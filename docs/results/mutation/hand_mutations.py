@@ -1,6 +1,20 @@
-import subprocess, sys, os
-os.chdir("/tmp/hm")
-M = [
+"""Mutations applied by hand, one at a time, each followed by a set of tests (see README.md here).
+
+    python docs/results/mutation/hand_mutations.py SET     # SET: formulas, fast_path, validation, rules, rules_2
+
+Each line printed: the mutation, pytest's exit code (1: a test failed, the mutation is caught; 0: none did) and the
+tests that failed. The mutations edit a copy of the repository in /tmp/hm (README.md), never the checkout.
+"""
+import os
+import subprocess
+import sys
+
+F, B, W = "rope_ext/methods/frequency.py", "rope_ext/methods/base.py", "rope_ext/methods/windows.py"
+R = "rope_ext/attention/rules.py"
+
+#: set name: (tests to run, [(file, text, replacement, name)])
+SETS = {
+    "formulas": (["-x", "tests/test_formulas.py"], [
  ("rope_ext/methods/attention.py", "0.05 * torch.log((i.to(torch.float64) + 1) / length) + 1", "0.09 * torch.log((i.to(torch.float64) + 1) / length) + 1", "DCA mscale 0.05->0.09"),
  ("rope_ext/methods/attention.py", "0.05 * torch.log((i.to(torch.float64) + 1) / length) + 1", "0.5 * torch.log((i.to(torch.float64) + 1) / length) + 1", "DCA mscale 0.05->0.5"),
  ("rope_ext/methods/attention.py", "min=1.0) ** 2", "min=1.0) ** 1", "DCA mscale not squared"),
@@ -30,15 +44,58 @@ M = [
  ("rope_ext/methods/frequency.py", "return base * factor ** (dim / (dim - 2))", "return base * factor ** (dim / (dim - 1))", "NTK exponent d/(d-1)"),
  ("rope_ext/methods/frequency.py", "seq_len = torch.clamp(seq_len, min=original)\n        return factor * seq_len / original - (factor - 1)", "seq_len = torch.clamp(seq_len, min=original)\n        return factor * seq_len / original - factor", "dynamic scale -(s-1) -> -s (tensor)"),
  ("rope_ext/methods/frequency.py", "high += 0.001", "high += 0.01", "by-parts zero-width ramp 0.001 -> 0.01"),
-]
-for path, old, new, name in M:
-    src = open(path).read()
-    assert src.count(old) == 1, (name, src.count(old))
-    open(path, "w").write(src.replace(old, new))
-    try:
-        r = subprocess.run(["/work/main/.venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests/test_formulas.py"],
-                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": "/tmp/hm"})
-        failed = [l.split(" ")[1] for l in r.stdout.splitlines() if l.startswith("FAILED")]
-        print(f"{name:45s} rc={r.returncode} caught by: {failed}", flush=True)
-    finally:
-        open(path, "w").write(src)
+    ]),
+    "fast_path": (["-x"] + [f"tests/test_attention.py::test_fast_path_matches_reference[{m}-llama]" for m in ("dca", "rerope", "logn", "self_extend")], [
+ ("rope_ext/attention/rules.py", "torch.clamp(within + s, max=size)", "torch.clamp(within + s, max=size - 1)", "fast DCA successive query clamp size-1"),
+ ("rope_ext/attention/rules.py", "torch.full_like(within, float(size))", "torch.full_like(within, float(size - 1))", "fast DCA older query size-1"),
+ ("rope_ext/attention/rules.py", "first = max(0, w - q0)", "first = max(0, w - q0 + 1)", "fast window: first far query +1"),
+ ("rope_ext/attention/rules.py", "acc, q_std, k_band, v[:, :, band_start:], scale, q0 + a, 0, w - 1, band_start", "acc, q_std, k_band, v[:, :, band_start:], scale, q0 + a, 0, w - 2, band_start", "fast window: band one key short"),
+ ("rope_ext/attention/rules.py", "    return None if product is None else product.float()", "    return None", "query scales dropped in the fast path"),
+    ]),
+    "validation": (["-x", "tests/test_methods.py", "tests/test_windows.py"], [
+ (F, '"factor": float(self.factor),\n            "original_max_position_embeddings": spec.original', '"XXfactorXX": float(self.factor),\n            "original_max_position_embeddings": spec.original', "_native_yarn factor key"),
+ (F, 'params.update(mscale=float(self.mscale), mscale_all_dim=float(self.mscale_all_dim))', 'params.update(mscale_all_dim=float(self.mscale_all_dim))', "yarn native drops mscale"),
+ (F, 'if spec.original_max_position_embeddings != max_position_embeddings:', 'if spec.original_max_position_embeddings == max_position_embeddings:', "dynamic native condition"),
+ (F, 'check_positive(self.method, "attention_factor", self.attention_factor, allow_none=True)\n        check_positive(self.method, "mscale"', 'check_positive(self.method, "attention_factor", None, allow_none=True)\n        check_positive(self.method, "mscale"', "yarn attention_factor unchecked"),
+ (F, 'check_context_length(self.method, self.original_max_position_embeddings)', 'check_context_length(None, self.original_max_position_embeddings)', "context length message"),
+ (B, 'own = cls.__dict__.get("__post_init__")', 'own = None', "plain values first skipped"),
+ (W, 'if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:', 'if isinstance(value, bool) and not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:', "window check or->and"),
+ ("rope_ext/methods/attention.py", '_check_int(self.method, "W", self.W, 1)\n        _check_int(self.method, "G"', '_check_int(self.method, "W", None, 1)\n        _check_int(self.method, "G"', "self_extend W unchecked"),
+    ]),
+    "rules": (["-x", "tests/test_program.py", "tests/test_positions.py", "tests/test_attention.py", "tests/test_formulas.py"], [
+ (R, "band_start = max(0, q0 - w + 1)", "band_start = max(0, q0 - w + 2)", "window band starts one key late (cache)"),
+ (R, "if method.far_key_is_position and far_keys > 0:", "if method.far_key_is_position and far_keys > 1:", "window far keys kept at position: one far key"),
+ (R, "if far_keys <= 0 or m - 1 < w:", "if far_keys <= 1 or m - 1 < w:", "window far region skipped with one far key"),
+ (R, "b = min(n, start + s - q0)", "b = min(n, start + s + q0)", "DCA block end with a cache"),
+ (R, "            out_offset=a, bias=bias,\n", "            out_offset=a, bias=None,\n", "window band drops a bias term"),
+ (R, "span.start, bias=block_bias)", "span.start, bias=None)", "DCA earlier chunks drop a bias term"),
+ (R, "start, out_offset=a, bias=bias)", "start, out_offset=a, bias=None)", "DCA own chunk drops a bias term"),
+    ]),
+    "rules_2": (["tests/test_attention.py::test_sequences_one_or_two_past_the_window_match_the_reference", "tests/test_attention.py::test_chunked_prefill_and_decode_equal_the_full_forward"], [
+ (R, "first = max(0, w - q0)", "first = max(1, w - q0)", "window far region from the second query (x_window__mutmut_125)"),
+ (R, "first = max(0, w - q0)", "first = max(0, w + q0)", "window far region start with a cache (x_window__mutmut_126)"),
+ (R, "if far_keys <= 0 or m - 1 < w:", "if far_keys <= 0 or m - 1 <= w:", "window far region skipped at m = w + 1 (x_window__mutmut_101)"),
+ (R, "if far_keys <= 0 or m - 1 < w:", "if far_keys <= 0 or m - 2 < w:", "window far region skipped at m = w + 1 (x_window__mutmut_100)"),
+    ]),
+}
+
+
+def main(which: str) -> None:
+    tests, mutations = SETS[which]
+    os.chdir("/tmp/hm")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "/tmp/hm"}
+    for path, old, new, name in mutations:
+        src = open(path).read()
+        assert src.count(old) == 1, (name, src.count(old))
+        open(path, "w").write(src.replace(old, new))
+        try:
+            r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                               capture_output=True, text=True, env=env)
+            failed = [line.split(" ")[1] for line in r.stdout.splitlines() if line.startswith("FAILED")]
+            print(f"{name:48s} rc={r.returncode} caught by: {failed}", flush=True)
+        finally:
+            open(path, "w").write(src)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
