@@ -228,11 +228,15 @@ class _PathSpy:
 
         self.counts: dict[str, int] = {}
         self.fast_only = False
+        self._spy(monkeypatch)
+        monkeypatch.setattr(reference_module, "_softmax_out", self._counting("reference", reference_module._softmax_out))
+
+    def _spy(self, monkeypatch):
+        """Wrap what this spy counts (the reference is always counted)."""
         for cls, runner in list(rules.FAST_RUNNERS.items()):
             monkeypatch.setitem(rules.FAST_RUNNERS, cls, self._counting(runner.__name__, runner))
         monkeypatch.setattr(rules, "_masked_blocks", self._counting("general", rules._masked_blocks))
         monkeypatch.setattr(kernels, "region", self._counting("region", kernels.region))
-        monkeypatch.setattr(reference_module, "_softmax_out", self._counting("reference", reference_module._softmax_out))
 
     def _counting(self, name, fn):
         def counted(*args, **kwargs):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention import FAMILIES, IDS, L, METHODS, reference
+from test_attention import FAMILIES, IDS, L, METHODS, _PathSpy, reference
 from tiny import input_ids, tiny_model
 
 import rope_ext
@@ -127,38 +127,14 @@ def _sharpened(model, family):
     return model
 
 
-class _Ops:
+class _Ops(_PathSpy):
     """Counts of the attention ops the kernels call (``kernels._efficient_cuda``: the memory-efficient op;
     ``_flash_cuda`` / ``_dense_cuda``: the flash op and cuDNN; ``_matmul_attention``: the plain fallback) and of the
     plain reference (``reference._softmax_out``), which must not run inside ``fast``."""
 
-    def __init__(self, monkeypatch):
-        from rope_ext.attention import reference as reference_module
-
-        self.counts: dict[str, int] = {}
-        self.fast_only = False
+    def _spy(self, monkeypatch):
         for name in ("_efficient_cuda", "_flash_cuda", "_dense_cuda", "_matmul_attention"):
             monkeypatch.setattr(kernels, name, self._counting(name, getattr(kernels, name)))
-        monkeypatch.setattr(reference_module, "_softmax_out", self._counting("reference", reference_module._softmax_out))
-
-    def _counting(self, name, fn):
-        def counted(*args, **kwargs):
-            if name == "reference" and self.fast_only:
-                raise AssertionError("the plain reference ran while the fast path was expected")
-            self.counts[name] = self.counts.get(name, 0) + 1
-            return fn(*args, **kwargs)
-
-        return counted
-
-    def fast(self):
-        self.counts, self.fast_only = {}, True
-        return self
-
-    def __enter__(self):
-        return self.counts
-
-    def __exit__(self, *exc):
-        self.fast_only = False
 
     def check(self, dtype):
         """The path each dtype takes on CUDA: float32 on the memory-efficient op; bfloat16 on the flash op or cuDNN
