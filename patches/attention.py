@@ -99,6 +99,7 @@ def rotation_refused(cls: type) -> str | None:
 
     import torch
 
+    from rope_ext.methods.frequency import default_inv_freq
     from rope_ext.methods.rope import rope_cos_sin, rotate
 
     modeling = sys.modules.get(cls.__module__)
@@ -106,7 +107,7 @@ def rotation_refused(cls: type) -> str | None:
     if callable(apply):
         generator = torch.Generator().manual_seed(0)
         q = torch.randn(1, 2, 5, 8, generator=generator)
-        inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+        inv_freq = default_inv_freq(10000.0, 8)
         positions = torch.arange(5)
         cos, sin = rope_cos_sin(positions[None], inv_freq, 1.0)
         try:

@@ -460,7 +460,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
     # every check before anything is written: a failed run must not leave a configuration behind
     _check_ppl_options(args)
     _check_out(args.out)
-    _site_options(args)  # (checked before the model loads)
+    site_options = _site_options(args)  # (checked before the model loads)
     given = [option for option, value in (("--split", args.split), ("--text-column", args.text_column)) if value]
     if given and not args.dataset:
         raise ValueError(f"{' and '.join(given)}: only for --dataset (text files and the default corpus have neither)")
@@ -484,7 +484,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         target_lengths = lengths
         documents, run_config = _ppl_run(args, every, target_lengths, native)
         store.configure(run_config)
-    check_methods(model, args.methods, _site_options(args))
+    check_methods(model, args.methods, site_options)
     print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
     if set(target_lengths) != set(lengths):
         print(
@@ -500,7 +500,7 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         target_tokens=args.target_tokens,
         stride=args.stride,
-        site_options=_site_options(args),
+        site_options=site_options,
         target_lengths=target_lengths,
     )
     _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; native context {native}; this "
@@ -515,7 +515,7 @@ def _cmd_eval_passkey(args: argparse.Namespace) -> int:
     from rope_ext.eval.run import check_methods, run_passkey
 
     _check_out(args.out)
-    _site_options(args)  # (checked before the model loads)
+    site_options = _site_options(args)  # (checked before the model loads)
     store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     model, tokenizer, native = _load(args)
     overhead = prompt_overhead(tokenizer)
@@ -524,12 +524,12 @@ def _cmd_eval_passkey(args: argparse.Namespace) -> int:
             f"--lengths: length {args.lengths[0]} is too short for the passkey prompt ({overhead} tokens before "
             "any filler)"
         )
-    check_methods(model, args.methods, _site_options(args))
+    check_methods(model, args.methods, site_options)
     run_config = _common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
     store.configure(run_config, may_change=("model_name",), normalise=_normalised)
     summary = run_passkey(
         model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
-        site_options=_site_options(args),
+        site_options=site_options,
     )
     by_length: dict[tuple, list[float]] = {}
     for row in summary:

@@ -109,14 +109,12 @@ class RssSampler:
 def _release_freed_memory() -> None:
     """Collect garbage and hand freed heap back to the system (glibc's ``malloc_trim``), so the resident set before
     a prefill is what is live."""
-    import ctypes
     import gc
 
+    from rope_ext.attention.memory import trim_heap
+
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
+    trim_heap()
 
 
 def _child(config: str, length: int, threads: int) -> dict:

@@ -395,13 +395,14 @@ def test_numpy_and_tensor_options_become_plain_numbers():
 
     from rope_ext.methods.base import plain_value
 
+    def types(value):  # the value's type and, for a list or tuple, its items' types
+        return type(value), [type(item) for item in value] if isinstance(value, (list, tuple)) else None
+
     for value, plain in [(np.int64(8), 8), (torch.tensor(8), 8), (np.float32(0.5), 0.5), (torch.tensor([1, 2]), [1, 2]),
                          (np.array([1.5, 2.0]), [1.5, 2.0]), ([np.int64(1), torch.tensor(2.0)], [1, 2.0]),
                          ((np.int64(1),), (1,)), (True, True), (None, None), ("x", "x")]:
         got = plain_value(value)
-        assert got == plain and type(got) is type(plain) and all(type(a) is type(b) for a, b in
-                                                                   zip(got if isinstance(got, (list, tuple)) else [got],
-                                                                       plain if isinstance(plain, (list, tuple)) else [plain]))
+        assert got == plain and types(got) == types(plain)
     other = object()
     assert plain_value(other) is other
     config = make_config("rerope", w=np.int64(8))

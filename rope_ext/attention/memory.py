@@ -30,11 +30,15 @@ def _malloc_trim():
         return None
 
 
-def release_freed_memory(queries: int, keys: int, device_type: str) -> None:
-    """After a CPU attention call over ``queries x keys`` pairs of at least ``TRIM_PAIRS``: glibc's
-    ``malloc_trim(0)`` (nothing elsewhere, or without glibc)."""
-    if device_type != "cpu" or queries * keys < TRIM_PAIRS:
-        return
+def trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: freed heap memory back to the system (nothing without glibc)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def release_freed_memory(queries: int, keys: int, device_type: str) -> None:
+    """After a CPU attention call over ``queries x keys`` pairs of at least ``TRIM_PAIRS``: ``trim_heap``
+    (nothing elsewhere)."""
+    if device_type == "cpu" and queries * keys >= TRIM_PAIRS:
+        trim_heap()
