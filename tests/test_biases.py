@@ -32,7 +32,18 @@ def gpt2(seed: int = 0, positions: int = L):
     return GPT2LMHeadModel(config).eval()
 
 
-MODELS = {"gpt2": gpt2, "llama": lambda: tiny_model("llama")}
+def opt(seed: int = 0, positions: int = L):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(seed)
+    config = OPTConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64, vocab_size=128,
+                       word_embed_proj_dim=32, max_position_embeddings=positions, pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2)
+    return OPTForCausalLM(config).eval()
+
+
+MODELS = {"gpt2": gpt2, "opt": opt, "llama": lambda: tiny_model("llama")}
+TABLE_FAMILIES = ["gpt2", "opt"]
 
 
 # --- formulas, against numbers computed by hand ---------------------------------------------------------------
@@ -156,7 +167,7 @@ def test_distances_are_absolute():
 # --- patched models ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
 @pytest.mark.parametrize("method", BIASES)
 def test_blockwise_bias_equals_the_plain_reference_with_padding_and_jumps(family, method, monkeypatch):
     from rope_ext.attention import kernels
@@ -196,6 +207,7 @@ def test_the_benchmarks_materialised_bias_equals_the_blockwise_path(method):
 
 
 @pytest.mark.parametrize(("family", "method"), [("gpt2", m) for m in BIASES[:1] + BIASES[2:] + TABLES]
+                         + [("opt", m) for m in ["alibi", "fire", *TABLES]]
                          + [("llama", m) for m in BIASES[:1] + BIASES[2:]])
 def test_patch_unpatch_is_bit_exact_and_cached_generation_equals_the_full_forward(family, method):
     model = MODELS[family]()
@@ -210,9 +222,10 @@ def test_patch_unpatch_is_bit_exact_and_cached_generation_equals_the_full_forwar
     assert torch.equal(logits(model, prompt), base)
 
 
+@pytest.mark.parametrize("family", TABLE_FAMILIES)
 @pytest.mark.parametrize("method", ["alibi", "fire", "abs_interp:factor=4"])
-def test_a_left_padded_row_equals_the_row_alone(method):
-    model = gpt2()
+def test_a_left_padded_row_equals_the_row_alone(family, method):
+    model = MODELS[family]()
     long, short = input_ids(2 * L + 10, seed=8), input_ids(L + 20, seed=9)
     pad = long.shape[1] - short.shape[1]
     ids = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1)])
@@ -226,8 +239,9 @@ def test_a_left_padded_row_equals_the_row_alone(method):
     torch.testing.assert_close(batch, torch.cat(alone), rtol=0, atol=5e-5)
 
 
-def test_gpt2_runs_past_its_table_only_once_patched():
-    model = gpt2()
+@pytest.mark.parametrize("family", TABLE_FAMILIES)
+def test_a_learned_table_runs_past_its_rows_only_once_patched(family):
+    model = MODELS[family]()
     ids = input_ids(4 * L - 8)  # (abs_interp:factor=4 reaches 4 x 63 + 1 = 253 positions)
     with pytest.raises(IndexError):
         model(ids)
@@ -239,18 +253,23 @@ def test_gpt2_runs_past_its_table_only_once_patched():
             model(ids)
 
 
-def test_identity_settings_give_the_original_model():
-    model = gpt2()
+@pytest.mark.parametrize("family", TABLE_FAMILIES)
+def test_identity_settings_give_the_original_model(family):
+    model = MODELS[family]()
     ids = input_ids(L, batch=2)
-    base = logits(model, ids)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0  # (OPT reads its row 1 at padding)
+    base = [logits(model, ids), logits(model, ids, attention_mask=mask)]
     for method in ("abs_interp:factor=1", "abs_hierarchical"):
-        with rope_ext.patched(model, method):
-            assert torch.equal(logits(model, ids), base)  # the first rows are the table's own
-    assert model.transformer.wpe.weight.shape == (L, 32)
+        with rope_ext.patched(model, method):  # the first rows are the table's own
+            assert torch.equal(logits(model, ids), base[0])
+            assert torch.equal(logits(model, ids, attention_mask=mask), base[1])
+    table = model.transformer.wpe.weight if family == "gpt2" else model.model.decoder.embed_positions.weight
+    assert table.shape == ((L if family == "gpt2" else L + 2), 32)
 
 
-@pytest.mark.parametrize("method", ["kerple", "fire"])
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize(("family", "method"), [(f, m) for f in ("gpt2", "llama") for m in ("kerple", "fire")]
+                         + [("opt", "kerple")])
 def test_learnable_biases_train_save_and_reload(family, method, tmp_path):
     model = MODELS[family]()
     ids = input_ids(2 * L)

@@ -260,8 +260,8 @@ def test_a_sequence_beyond_the_methods_range_warns_once_and_transformers_reminde
 
 
 def test_every_registered_family_has_a_tiny_model_and_is_patched():
-    # (gpt2, a learned table and no rotary module, has its own tiny models in test_biases.py and test_program.py)
-    assert set(FAMILY_MODEL_TYPES) | {"gpt2"} == set(rope_ext.list_families())
+    # (gpt2 and opt, learned tables and no rotary module, have their own tiny models in test_biases.py)
+    assert set(FAMILY_MODEL_TYPES) | {"gpt2", "opt"} == set(rope_ext.list_families())
 
 
 @pytest.mark.parametrize("family", ["olmo3", "ministral", "hunyuan_v1_dense"])

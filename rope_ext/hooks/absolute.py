@@ -20,7 +20,12 @@ from rope_ext.methods import HOOK_ABSOLUTE, AbsoluteConfig, MethodConfig
 
 
 class PositionTable(RopeExtModule):
-    """A learned position table read by an absolute-table method, or switched off (zeros)."""
+    """A learned position table read by an absolute-table method, or switched off (zeros).
+
+    ``offset``: rows before position 0 (OPT keeps 2 there); the method reads the rows from ``offset`` on, which
+    ``rows`` counts. A family whose table module takes other arguments subclasses this and calls ``read``."""
+
+    offset = 0
 
     def __init__(self, original: nn.Embedding) -> None:
         super().__init__()
@@ -31,16 +36,25 @@ class PositionTable(RopeExtModule):
     def switch_off(self) -> None:
         self.off = True
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+    @property
+    def rows(self) -> int:
+        return self.weight.shape[0] - self.offset
+
+    def read(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of positions ``position_ids`` (>= 0)."""
         if self.off:
             return self.weight.new_zeros(*position_ids.shape, self.weight.shape[1])
+        table = self.weight[self.offset :] if self.offset else self.weight
         if self.method is None:
-            return nn.functional.embedding(position_ids, self.weight)
-        return self.method.embed(self.weight, position_ids)
+            return nn.functional.embedding(position_ids, table)
+        return self.method.embed(table, position_ids)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.read(position_ids)
 
     def extra_repr(self) -> str:
         what = "off (a bias replaces it)" if self.off else (self.method.method if self.method else "as trained")
-        return f"{self.weight.shape[0]} rows, {what}"
+        return f"{self.rows} rows, {what}"
 
 
 @dataclass(eq=False)
@@ -53,9 +67,10 @@ class AbsoluteSite(Site):
     parent: nn.Module
     name: str
     table: nn.Embedding
+    reader: type[PositionTable] = PositionTable  # (a family whose table takes other arguments gives a subclass)
 
     def replacement(self, builder: PlanBuilder) -> PositionTable:
-        return builder.replacement(self, lambda: (self.parent, self.name, PositionTable(self.table)))
+        return builder.replacement(self, lambda: (self.parent, self.name, self.reader(self.table)))
 
 
 def position_limit(model: nn.Module) -> int | None:
@@ -71,9 +86,9 @@ def position_limit(model: nn.Module) -> int | None:
     for site in sites.get(AbsoluteSite.kind):
         table = getattr(site.parent, site.name)
         if not isinstance(table, PositionTable) or table.method is None:
-            if not getattr(table, "off", False):  # (read as trained: its rows)
-                limits.append(table.weight.shape[0])
-        elif (covered := table.method.covers(table.weight.shape[0])) is not None:
+            if not getattr(table, "off", False):  # (read as trained: its rows, past OPT's 2 leading ones)
+                limits.append(table.weight.shape[0] - getattr(table, "offset", 0))
+        elif (covered := table.method.covers(table.rows)) is not None:
             limits.append(covered)
     return min(limits) if limits else None
 
