@@ -286,11 +286,10 @@ def test_unpatch_unpatched_model_raises():
 
 
 def test_unsupported_family_lists_supported_ones():
-    from transformers import OPTConfig, OPTForCausalLM
+    from transformers import BloomConfig, BloomForCausalLM
 
-    model = OPTForCausalLM(OPTConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=16, ffn_dim=32,
-                                     vocab_size=64, max_position_embeddings=32, word_embed_proj_dim=16))
-    with pytest.raises(ValueError, match=r"does not support OPTForCausalLM \(model_type 'opt'\); supported ") as info:
+    model = BloomForCausalLM(BloomConfig(n_layer=1, n_head=2, hidden_size=16, vocab_size=64))
+    with pytest.raises(ValueError, match=r"does not support BloomForCausalLM \(model_type 'bloom'\); supported ") as info:
         rope_ext.patch(model, "yarn", factor=2.0)
     assert info.value.args[0].endswith("families: " + ", ".join(rope_ext.list_families()))
     assert {"llama", "qwen2", "gemma3", "gpt_neox", "phi3"} <= set(rope_ext.list_families())
