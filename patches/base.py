@@ -40,6 +40,18 @@ class FamilyAdapter(ABC):
         """The model's sites; raise ``ValueError`` if they cannot be found."""
 
 
+def derives_from(module: nn.Module, module_path: str, class_name: str) -> bool:
+    """Whether ``module``'s class is, or derives from, the class ``class_name`` of ``module_path`` (compared by name,
+    so the modeling module is not imported)."""
+    return any(c.__module__ == module_path and c.__name__ == class_name for c in type(module).__mro__)
+
+
+def modules_deriving_from(model: nn.Module, module_path: str, class_name: str) -> list[nn.Module]:
+    """``model`` and its submodules outside rope_ext's that ``derives_from`` the class."""
+    candidates = [model] + [child for _, _, child in modules_outside_rope_ext(model)]
+    return [module for module in candidates if derives_from(module, module_path, class_name)]
+
+
 def modules_outside_rope_ext(model: nn.Module):
     """``(parent, attribute, child)`` for every submodule, not descending into modules rope_ext installed."""
     stack = [model]

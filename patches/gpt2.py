@@ -15,7 +15,7 @@ from rope_ext.hooks.absolute import AbsoluteSite
 from rope_ext.hooks.attention import AttentionSite
 from rope_ext.hooks.base import Sites
 from rope_ext.patches.attention import attention_site
-from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
+from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
 
 _MODULE = "transformers.models.gpt2.modeling_gpt2"
 
@@ -25,12 +25,7 @@ class GPT2Family(FamilyAdapter):
     site_kinds = frozenset({AbsoluteSite.kind, AttentionSite.kind})
 
     def _transformers(self, model: nn.Module) -> list[nn.Module]:
-        found = [model] if self._is_gpt2(model) else []
-        return found + [child for _, _, child in modules_outside_rope_ext(model) if self._is_gpt2(child)]
-
-    @staticmethod
-    def _is_gpt2(module: nn.Module) -> bool:
-        return any(c.__module__ == _MODULE and c.__name__ == "GPT2Model" for c in type(module).__mro__)
+        return modules_deriving_from(model, _MODULE, "GPT2Model")
 
     def matches(self, model: nn.Module) -> bool:
         return bool(self._transformers(model))

@@ -13,7 +13,7 @@ from rope_ext.hooks.absolute import AbsoluteSite, PositionTable
 from rope_ext.hooks.attention import AttentionSite
 from rope_ext.hooks.base import Sites
 from rope_ext.patches.attention import attention_site
-from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
+from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
 
 _MODULE = "transformers.models.opt.modeling_opt"
 
@@ -45,13 +45,8 @@ class OPTFamily(FamilyAdapter):
     name = "opt"
     site_kinds = frozenset({AbsoluteSite.kind, AttentionSite.kind})
 
-    @staticmethod
-    def _is_decoder(module: nn.Module) -> bool:
-        return any(c.__module__ == _MODULE and c.__name__ == "OPTDecoder" for c in type(module).__mro__)
-
     def _decoders(self, model: nn.Module) -> list[nn.Module]:
-        found = [model] if self._is_decoder(model) else []
-        return found + [child for _, _, child in modules_outside_rope_ext(model) if self._is_decoder(child)]
+        return modules_deriving_from(model, _MODULE, "OPTDecoder")
 
     def matches(self, model: nn.Module) -> bool:
         return bool(self._decoders(model))

@@ -27,7 +27,7 @@ from rope_ext.hooks.attention import AttentionSite
 from rope_ext.hooks.base import Sites
 from rope_ext.hooks.rotary import RotarySite
 from rope_ext.patches.attention import attention_site, dispatches_through_interface
-from rope_ext.patches.base import FamilyAdapter, modules_outside_rope_ext, register_family
+from rope_ext.patches.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
 
 _PREFIX = "transformers.models."
 
@@ -60,7 +60,7 @@ class RotaryFamily(FamilyAdapter):
         return frozenset({RotarySite.kind, AttentionSite.kind}) if attention else frozenset({RotarySite.kind})
 
     def _is_rotary(self, module: nn.Module) -> bool:
-        return any(c.__module__ == self.module and c.__name__ == self.class_name for c in type(module).__mro__)
+        return derives_from(module, self.module, self.class_name)
 
     def rotary_sites(self, model: nn.Module) -> list[RotarySite]:
         return [
