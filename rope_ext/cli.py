@@ -291,12 +291,14 @@ def _normalised(key: str, value: Any) -> Any:
 def _load(args: argparse.Namespace):
     import torch
 
-    from rope_ext.models import load_model
+    from rope_ext.models import MissingTokenizer, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+    except MissingTokenizer as error:
+        raise ValueError(f"--model {error}") from None
     except (OSError, ValueError) as error:
         if args.model == "default":
             raise

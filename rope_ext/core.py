@@ -26,6 +26,8 @@ from rope_ext.hooks.attention import installed_programs
 from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtModule, get_hook
 from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs, methods_with_hooks
+from rope_ext.methods.base import get_method_class
+from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.patches import CONFIG_KEY, find_family
 
 STATE_ATTR = "_rope_ext_state"
@@ -39,6 +41,34 @@ class PatchState:
 
     methods: tuple[MethodConfig, ...]
     plan: PatchPlan
+
+
+def _named_hooks(method: Any) -> list[tuple[str, str]]:
+    """(name, hook kind) of each registered method that ``method`` (a spec, dict, config or list of those) names,
+    read without building its config; what is not readable is left to ``make_configs`` to report."""
+    if isinstance(method, (list, tuple)):
+        return [pair for item in method for pair in _named_hooks(item)]
+    if isinstance(method, MethodConfig):
+        return [(method.method, method.hook)]
+    names: list[Any] = []
+    if isinstance(method, dict):
+        names = [method.get("method")]
+    elif isinstance(method, str):
+        try:
+            names = [name for part in split_spec(method.strip(), "+") for name, _ in parse_spec(part)]
+        except ValueError:
+            return []
+    return [(name, get_method_class(name).hook) for name in names if isinstance(name, str) and get_method_class(name)]
+
+
+def _check_hooks(family: Any, methods: list[tuple[str, str]]) -> None:
+    for name, hook in methods:
+        if hook not in family.hooks:
+            article = "an" if hook[:1] in "aeiou" else "a"
+            raise ValueError(
+                f"method {name!r} needs {article} {hook!r} hook, which family {family.name!r} does not support; "
+                f"methods for {family.name}: {', '.join(methods_with_hooks(family.hooks))}"
+            )
 
 
 def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
@@ -82,6 +112,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     for kind in sites.by_kind.values():
         for site_class in {type(site) for site in kind}:
             site_class.check_options(given)
+    _check_hooks(family, _named_hooks(method))  # (before the options: a method that cannot fit needs none)
     try:
         configs = make_configs(method, **options)
     except ValueError as error:
@@ -91,13 +122,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"{error}; this model's site options (keyword arguments of patch, not part of a method's options): "
             f"{', '.join(site_options)}"
         ) from None
-    for config in configs:
-        if config.hook not in family.hooks:
-            article = "an" if config.hook[:1] in "aeiou" else "a"
-            raise ValueError(
-                f"method {config.method!r} needs {article} {config.hook!r} hook, which family {family.name!r} does not "
-                f"support; methods for {family.name}: {', '.join(methods_with_hooks(family.hooks))}"
-            )
+    _check_hooks(family, [(config.method, config.hook) for config in configs])
 
     builder = PlanBuilder(sites, site_options | given, frozenset(config.hook for config in configs))
     for config in configs:

@@ -66,6 +66,25 @@ def _plain_after_dequantizing(model: nn.Module) -> None:
     vars(model.config).pop("quantization_config", None)
 
 
+#: files a saved tokenizer writes (one of them at least)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+
+
+class MissingTokenizer(ValueError):
+    """A model folder without a tokenizer."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"{name!r} holds a model but no tokenizer: save the model's tokenizer beside it with "
+            "tokenizer.save_pretrained(folder) (model.save_pretrained does not)"
+        )
+
+
+def _lacks_tokenizer(name: str) -> bool:
+    folder = Path(name)
+    return folder.is_dir() and not any((folder / file).exists() for file in TOKENIZER_FILES)
+
+
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     """``"default"`` (the embedded SmolLM2), a local folder or a hub id (online only), with its tokenizer.
 
@@ -78,13 +97,17 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
 
     if name == "default":
         return load_default_model(dtype=dtype)
-    if is_finetune_folder(name):
-        model = load_finetuned(name, dtype=dtype)
-        model.eval()
-        return model, AutoTokenizer.from_pretrained(name)
-    model = from_pretrained(name, dtype=dtype)
+    model = load_finetuned(name, dtype=dtype) if is_finetune_folder(name) else from_pretrained(name, dtype=dtype)
     model.eval()
-    return model, AutoTokenizer.from_pretrained(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError):
+        if _lacks_tokenizer(name):
+            raise MissingTokenizer(name) from None
+        raise
+    if len(tokenizer) <= 1:  # (transformers 5 builds an empty tokenizer for some model types where there is none)
+        raise MissingTokenizer(name)
+    return model, tokenizer
 
 
 #: ``from_pretrained`` keyword arguments that locate the files: the config and the weights both need them.

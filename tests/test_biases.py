@@ -416,6 +416,9 @@ def test_bad_values_are_refused_naming_the_valid_range(spec, message):
         ("llama", "xpos+dca", "xpos scales plain RoPE; it cannot be combined with attention rewrites"),
         ("llama", "xpos+alibi", "cannot be combined with 'pair_scale' methods"),
         ("gpt2", "xpos", "method 'xpos' needs a 'pair_scale' hook, which family 'gpt2' does not support"),
+        # a method that cannot fit is refused as such, before its missing options
+        ("gpt2", "yarn", "method 'yarn' needs a 'frequency' hook, which family 'gpt2' does not support"),
+        ("opt", "alibi+longrope", "method 'longrope' needs a 'frequency' hook, which family 'opt' does not support"),
     ],
 )
 def test_methods_that_do_not_fit_are_refused_and_the_model_untouched(family, methods, message):

@@ -345,6 +345,20 @@ def test_eval_ppl_bad_values(tmp_path, tiny_checkpoint, capsys, extra, message):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])  # (transformers builds an empty GPT-2 tokenizer from nothing)
+def test_a_model_folder_without_a_tokenizer_is_an_error(tmp_path, tiny_checkpoint, capsys, family):
+    from test_biases import MODELS
+
+    checkpoint, text = tiny_checkpoint
+    bare = tmp_path / "bare"
+    MODELS[family]().save_pretrained(bare)
+    assert _ppl(bare, tmp_path / "run", text=text) == 2
+    err = capsys.readouterr().err
+    assert f"rope-ext: error: --model '{bare}' holds a model but no tokenizer: save the model's tokenizer beside it " \
+           "with tokenizer.save_pretrained(folder)" in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

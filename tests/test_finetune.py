@@ -320,6 +320,7 @@ BAD_INPUTS = [
     (["--lora-targets", "q_proj,query"], r"no linear layer named 'query'; its linear layers: q_proj, k_proj"),
     (["--trainable", "embeddings,heads"], r"--trainable: 'heads' is not one of embeddings, norms"),
     (["--methods", "yarn:factr=4"], r"unknown option"),
+    (["--methods", "yarn:factor=4,dca"], r"--methods 'yarn:factor=4,dca': a run trains under one spec"),
     (["--lr", "0"], r"--lr: must be in \(0, inf\)"),
     (["--lora-dropout", "1"], r"--lora-dropout: must be in \[0, 1\)"),
     (["--max-steps", "0"], r"--max-steps: must be an integer >= 1"),

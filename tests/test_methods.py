@@ -371,7 +371,8 @@ def test_make_config_takes_each_form_and_names_what_is_wrong():
     assert make_config("longrope", factor=2.0, long_factor=(1.0, 2.0)).to_dict()["long_factor"] == [1.0, 2.0]
     valid = ", ".join(list_methods())
     cases = [
-        (({"factor": 4.0},), {}, f"a method dict needs a 'method' key; valid methods: {valid}"),
+        (({"factor": 4.0},), {}, f"a method dict needs a 'method' key naming one method, got None; valid methods: {valid}"),
+        (({"method": ["yarn"]},), {}, f"a method dict needs a 'method' key naming one method, got ['yarn']; valid methods: {valid}"),
         (({"method": "yarn", "factor": 4.0},), {"factor": 2.0},
          "option(s) factor given both in {'method': 'yarn', 'factor': 4.0} and as keyword arguments"),
         (("yarn:factor=4:beta_fast=16",), {"beta_fast": 8.0, "factor": 2.0},

@@ -107,6 +107,10 @@ def test_evaluation_as_saved_keeps_the_trained_parameters(texts, tmp_path, capsy
         (["--dropout", "1"], r"--dropout: must be in \[0, 1\), got 1.0"),
         (["--layers", "0"], "--layers: must be an integer >= 1, got 0"),
         (["--rope-theta", "500"], "--rope-theta: only for --architecture llama"),
+        (["--methods", "alibi,kerple"], r"--methods 'alibi,kerple': a run trains under one spec; '\+' joins methods"),
+        (["--optimizer", "sgd", "--adam-beta2", "0.9"], r"--adam-beta2: only for --optimizer adamw or adam"),
+        (["--methods", "alibi,"], r"an empty method spec in 'alibi,'"),
+        (["--methods", "kerple:form=power,r=1"], r"options are separated by ':'"),
     ],
 )
 def test_bad_options_are_refused_in_one_line_and_nothing_is_written(texts, tmp_path, capsys, flags, message):
@@ -117,3 +121,16 @@ def test_bad_options_are_refused_in_one_line_and_nothing_is_written(texts, tmp_p
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert not out.exists()
+
+
+def test_a_saved_sgd_run_config_reads_back(tmp_path):
+    """A run's saved options hold every default, Adam's beta2 too: they read back under SGD (another beta2 does not)."""
+    from rope_ext.train.config import TrainConfig
+
+    saved = TrainConfig(optimizer="sgd").options()
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(saved))
+    assert TrainConfig.from_sources(path).options() == saved
+    path.write_text(json.dumps({**saved, "adam_beta2": 0.9}))
+    with pytest.raises(ValueError, match=r"--adam-beta2: only for --optimizer adamw or adam"):
+        TrainConfig.from_sources(path)

@@ -158,9 +158,10 @@ def lse_attention(
         raise ValueError("lse_attention: pass either causal or an allowed mask")
     if causal:  # (a causal query never sees the keys after the last query's)
         k, v = k[:, :, : q.shape[2]], v[:, :, : q.shape[2]]
-        if bias is not None:  # (the pair rule as a mask beside the bias)
+        if bias is not None:
             bias = bias[..., : q.shape[2]]
-            allowed, causal = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril_(), False
+            if q.device.type != "cpu":  # (on CUDA the pair rule as a mask beside the bias; CPU's ops take both)
+                allowed, causal = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril_(), False
     if dropout:
         out, lse = _matmul_attention(q, k, v, scale, allowed, causal, bias, dropout)
     elif _use_flash(q, k):
@@ -200,8 +201,8 @@ def _matmul_attention(q, k, v, scale, allowed, causal, bias=None, dropout=0.0) -
         b = min(n, a + FALLBACK_TILE)
         keys = b if causal else k.shape[2]  # a causal tile never needs later keys
         scores = (q[:, :, a:b].to(dtype) @ k[:, :, :keys].transpose(-1, -2)) * scale  # [b, h, tile, keys]
-        if bias is not None:
-            scores = scores + bias[..., a:b, :keys].to(dtype)
+        if bias is not None:  # ([h or 1, n, m], or [h, 1, m]: one row for every query)
+            scores = scores + (bias[..., a:b, :keys] if bias.shape[-2] > 1 else bias[..., :keys]).to(dtype)
         if causal:
             i, j = torch.arange(a, b, device=q.device)[:, None], torch.arange(keys, device=q.device)[None]
             scores = scores.masked_fill(j > i, float("-inf"))
@@ -426,6 +427,9 @@ class _Pieces:
             i = torch.arange(self.q0 + a, self.q0 + b, device=self.q.device, dtype=torch.float32)
             j = torch.arange(lo, hi + 1, device=self.q.device, dtype=torch.float32)
             bias = None if self.bias is None else self.bias(i, j)
+            if kind == "causal" and square:  # (the square's pair rule is the diagonal, whatever near and far are)
+                self.acc.attend(*at, qt, ks, vs, self.scale, lo, causal=True, bias=bias)
+                return
             allowed = None
             if kind != "all":
                 allowed = j[None] <= i[:, None] - self.near

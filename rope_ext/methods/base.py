@@ -69,8 +69,11 @@ def make_config(method: MethodConfig | str | dict[str, Any], **kwargs: Any) -> M
             return MethodConfig.from_dict({**method.to_dict(), **kwargs})
         return method
     if isinstance(method, dict):
-        if "method" not in method:
-            raise ValueError(f"a method dict needs a 'method' key; valid methods: {', '.join(list_methods())}")
+        if not isinstance(method.get("method"), str):
+            raise ValueError(
+                f"a method dict needs a 'method' key naming one method, got {method.get('method')!r}; valid methods: "
+                f"{', '.join(list_methods())}"
+            )
         twice = sorted(set(method) & set(kwargs))
         if twice:
             raise ValueError(f"option(s) {', '.join(twice)} given both in {method!r} and as keyword arguments")

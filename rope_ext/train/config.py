@@ -11,7 +11,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from rope_ext.methods import MethodConfig
 
 PACKING = ("packed", "document")
 TRAINABLE = ("embeddings", "norms")
@@ -96,6 +99,9 @@ class LoopConfig:
         values.update({k: v for k, v in (flags or {}).items() if v is not None})
         config = cls(**values)
         config.check()
+        # (a run's saved options hold every default: Adam's beta2 refused with SGD only where it is another value)
+        if values.get("adam_beta2") not in (None, cls.adam_beta2) and config.optimizer == "sgd":
+            raise ValueError("--adam-beta2: only for --optimizer adamw or adam (SGD has no beta2)")
         return config
 
     def check(self) -> None:
@@ -227,9 +233,7 @@ class FinetuneConfig(LoopConfig):
                 s2_group_size(self.window, self.s2_group_ratio)
             except ValueError as error:
                 raise ValueError(f"--s2-attn with --window {self.window}: {error}") from None
-        from rope_ext.cli import parse_method_spec  # (the spec syntax of the evaluation)
-
-        if any(config.method == "s2_attn" for config in parse_method_spec(self.methods)):
+        if any(config.method == "s2_attn" for config in one_spec(self.methods)):
             raise ValueError(
                 f"--methods {self.methods}: S2-Attn is given with --s2-attn (and --s2-group-ratio), which trains with it "
                 "and leaves it out of the saved patch; take s2_attn out of --methods"
@@ -285,15 +289,26 @@ class TrainConfig(LoopConfig):
                 raise ValueError("--kv-heads: only for --architecture llama (GPT-2 has one key/value head per head)")
             if self.heads % self.kv_heads:
                 raise ValueError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
-        from rope_ext.cli import parse_method_spec  # (the spec syntax of the evaluation)
-
-        parse_method_spec(self.methods)  # (unknown methods and bad options: refused before anything loads)
+        one_spec(self.methods)  # (unknown methods and bad options: refused before anything loads)
 
     @property
     def mlp_size(self) -> int:
         if self.intermediate is not None:
             return self.intermediate
         return 4 * self.hidden if self.architecture == "gpt2" else -(-8 * self.hidden // 3 // 64) * 64
+
+
+def one_spec(methods: str) -> list[MethodConfig]:
+    """The configs of a run's ``--methods``: one spec in the evaluation's syntax (``yarn:factor=4+dca``), not the
+    evaluation's comma list of specs to compare."""
+    from rope_ext.cli import parse_method_spec, parse_methods
+
+    if len(parse_methods(methods)) > 1:  # (after its own errors: empty specs, an option after a comma)
+        raise ValueError(
+            f"--methods {methods!r}: a run trains under one spec; '+' joins methods of different kinds (yarn:factor=4+dca); "
+            "run once per method to compare them"
+        )
+    return parse_method_spec(methods)
 
 
 def _flag(name: str) -> str:

@@ -56,9 +56,9 @@ def _resolved_options(config: Any) -> dict[str, Any]:
 
 
 def _methods(config: FinetuneConfig) -> list:
-    from rope_ext.cli import parse_method_spec
+    from rope_ext.train.config import one_spec
 
-    return parse_method_spec(config.methods)
+    return one_spec(config.methods)
 
 
 def _training_patch(config: FinetuneConfig) -> list:
@@ -118,7 +118,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     """Every check and everything loaded, before anything is written: the model patched and wrapped, the data."""
     from rope_ext.core import get_patch, patch, unpatch
     from rope_ext.eval.data import load_documents
-    from rope_ext.models import load_model
+    from rope_ext.models import MissingTokenizer, load_model
     from rope_ext.train.data import Collator, WindowDataset, run_text
     from rope_ext.train.lora import count_parameters, default_targets, lora_model
     from rope_ext.train.loop import begin_run
@@ -127,6 +127,8 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     data = load_documents(config.dataset, config.text_files, config.split, config.text_column)  # (before the model)
     try:
         model, tokenizer = load_model(config.model, dtype=torch.float32)
+    except MissingTokenizer as error:
+        raise ValueError(f"--model {error}") from None
     except (OSError, ValueError) as error:
         if config.model == "default":
             raise
