@@ -130,7 +130,10 @@ def run_plain(call: Call) -> torch.Tensor:
             _masked_blocks(acc, q, k, v, call.scale, group, [(None, None, None)], bias, far_limit)
         return acc.out.to(q.dtype)
 
-    return call.run_rows(attend)
+    if bias is None:
+        return call.run_rows(attend)
+    with kernels.flushed_denormals(call.q.device):  # (a distance bias makes far weights denormal: slow on CPU)
+        return call.run_rows(attend)
 
 
 def _fused(call: Call, bias) -> bool:
