@@ -488,3 +488,33 @@ def test_a_cast_is_not_training(dtype):
     model.to(dtype)
     rope_ext.unpatch(model)  # (no "trained since patching": the values are the initial ones, rounded)
     assert not hasattr(model, "rope_ext")
+
+
+def test_biased_calls_flush_denormals_inside_and_restore_the_thread_setting(monkeypatch):
+    from rope_ext.attention import kernels
+
+    cpu = torch.device("cpu")
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals")
+    assert not kernels._flushing_denormals()
+    with kernels.flushed_denormals(cpu):
+        assert kernels._flushing_denormals()
+    assert not kernels._flushing_denormals()
+    torch.set_flush_denormal(True)  # a caller's own setting is kept
+    try:
+        with kernels.flushed_denormals(cpu):
+            assert kernels._flushing_denormals()
+        assert kernels._flushing_denormals()
+    finally:
+        torch.set_flush_denormal(False)
+    seen = []
+    attention = kernels.lse_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kernels._flushing_denormals())
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "lse_attention", spy)
+    model = rope_ext.patch(tiny_model("llama"), "alibi")
+    logits(model, input_ids(L))
+    assert seen and all(seen) and not kernels._flushing_denormals()
