@@ -1,7 +1,6 @@
 """OPT: a learned absolute position table (``decoder.embed_positions``, ``max_position_embeddings`` rows after 2
 leading ones that OPT keeps, row 1 read at padding) and attention modules that run transformers'
-``AttentionInterface``. The same methods as GPT-2 (``patches/gpt2.py``) serve it: the table read past its rows
-(``absolute``), or switched off under a bias (``bias``).
+``AttentionInterface``: the sites of ``patches/tables.py``, as GPT-2's. Its table class takes OPT's call signature.
 """
 
 from __future__ import annotations
@@ -9,13 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rope_ext.hooks.absolute import AbsoluteSite, PositionTable
-from rope_ext.hooks.attention import AttentionSite
-from rope_ext.hooks.base import Sites
-from rope_ext.patches.attention import attention_site
-from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
-
-_MODULE = "transformers.models.opt.modeling_opt"
+from rope_ext.hooks.absolute import PositionTable
+from rope_ext.patches.base import register_family
+from rope_ext.patches.tables import LearnedTableFamily
 
 
 class OPTPositionTable(PositionTable):
@@ -41,27 +36,12 @@ class OPTPositionTable(PositionTable):
         return embedded
 
 
-class OPTFamily(FamilyAdapter):
+class OPTFamily(LearnedTableFamily):
     name = "opt"
-    site_kinds = frozenset({AbsoluteSite.kind, AttentionSite.kind})
-
-    def _decoders(self, model: nn.Module) -> list[nn.Module]:
-        return modules_deriving_from(model, _MODULE, "OPTDecoder")
-
-    def matches(self, model: nn.Module) -> bool:
-        return bool(self._decoders(model))
-
-    def locate(self, model: nn.Module) -> Sites:
-        found = self._decoders(model)
-        if len(found) != 1:
-            raise ValueError(f"opt: found {len(found)} OPTDecoder modules; rope_ext patches a model with one")
-        decoder = found[0]
-        table = AbsoluteSite(self.name, decoder, "embed_positions", decoder.embed_positions, OPTPositionTable)
-        sites: dict[str, list] = {AbsoluteSite.kind: [table]}
-        attention = attention_site(self.name, model, decoder.config)
-        if attention is not None:
-            sites[AttentionSite.kind] = [attention]
-        return Sites(getattr(model, "config", decoder.config), sites, model)
+    owner_module = "transformers.models.opt.modeling_opt"
+    owner_class = "OPTDecoder"
+    table_attribute = "embed_positions"
+    reader = OPTPositionTable
 
 
 register_family(OPTFamily())

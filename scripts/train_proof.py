@@ -28,7 +28,8 @@ from pathlib import Path
 
 from rope_ext.cli import main as rope_ext
 
-#: name -> (architecture, method trained with, methods evaluated)
+#: name -> (architecture, method trained with, methods evaluated at every length; the learned table alone is
+#: evaluated at the first length only, where it ends)
 MODELS = {
     "gpt2_none": ("gpt2", "none", ["abs_interp:factor=16.1", "abs_hierarchical", "sinusoidal"]),
     "gpt2_alibi": ("gpt2", "alibi", ["saved"]),
@@ -87,8 +88,7 @@ def main() -> None:
         common = ["eval", "ppl", "--model", str(folder), "--text-files", *books, "--documents", str(len(books)),
                   "--target-tokens", args.target_tokens, "--out", str(folder / "ppl"), "--threads", args.threads,
                   "--no-plot"]
-        long = [m for m in methods if not (architecture == "gpt2" and m == "none")]
-        run([*common, "--methods", ",".join(long), "--lengths", args.lengths])
+        run([*common, "--methods", ",".join(methods), "--lengths", args.lengths])
         if architecture == "gpt2" and trained == "none":  # the table itself, where it reaches: the first length
             run([*common, "--methods", "none", "--lengths", args.lengths.split(",")[0]])
         rope_ext(["plot", str(folder / "ppl")])
@@ -131,13 +131,13 @@ def collect(runs: Path, out: Path, names: list[str]) -> None:
                 shutil.copy2(file, target / "ppl" / file.name)
         summary = json.loads((folder / "ppl" / "ppl.json").read_text())["summary"]
         trained = json.loads((folder / "train.json").read_text())
+        native = trained["window"]
         for row in summary:
             method = row["method"]
             label = f"{name}: {trained['methods'] if method == 'saved' else method}"
             rows.append({"model": name, "method": method, "label": label, "length": row["length"],
                          "tokens_scored": row["tokens_scored"], "perplexity": row["perplexity"],
                          "mean_nll": row["mean_nll"]})
-    native = json.loads((runs / names[0] / "train.json").read_text()).get("window")
     (out / "ppl.json").write_text(json.dumps({"native_context": native, "rows": rows}, indent=1) + "\n")
     with open(out / "ppl.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

@@ -518,3 +518,15 @@ def test_biased_calls_flush_denormals_inside_and_restore_the_thread_setting(monk
     model = rope_ext.patch(tiny_model("llama"), "alibi")
     logits(model, input_ids(L))
     assert seen and all(seen) and not kernels._flushing_denormals()
+
+
+def test_a_gpt2_with_cross_attention_is_refused_and_untouched():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=L,
+                                       add_cross_attention=True))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"^gpt2: a GPT-2 with cross-attention \(add_cross_attention=True\) is not "):
+        rope_ext.patch(model, "alibi")
+    assert rope_ext.get_patch(model) is None
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
