@@ -9,8 +9,9 @@ LoRA-wrapped afresh and undone after (peft's ``unload``, ``rope_ext.unpatch``). 
 baseline (``none`` at the window; full attention, i.e. the method without S2-Attn, at ``--s2-window``); medians
 with min-max over rounds.
 Memory: one subprocess per configuration: resident memory after loading, patching and wrapping, then the peak over a
-warm-up and a measured step; the difference is what the step adds (activations, gradients, optimizer state), not the
-model.
+warm-up and a measured step (the kernel's ``VmHWM``, restarted after loading); the difference is what the step adds
+(activations, gradients, optimizer state), not the model. (Before this was measured with ``ru_maxrss``, which a
+child inherits from its parent: a child whose own peak stayed below the parent's reported the parent's.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -34,7 +34,17 @@ def _rss_mb() -> float:
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory since ``_reset_peak`` (the kernel's ``VmHWM``; not ``ru_maxrss``, which a
+    child started by ``subprocess`` inherits from its parent: every child would report the parent's peak)."""
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1024
+
+
+def _reset_peak() -> None:
+    """Start ``VmHWM`` again from the current resident memory (Linux's ``clear_refs``), so that what loading the model
+    used at its peak is not counted."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
 
 
 def _batch(window: int, target: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -92,6 +102,7 @@ def measure_memory(spec: str, s2: bool, window: int, target: int, checkpointing:
     wrapped, optimizer, _ = _setup(model, spec, s2, checkpointing)
     batch = _batch(window, target)
     before = _rss_mb()
+    _reset_peak()
     seconds = [_step(wrapped, optimizer, batch) for _ in range(2)]
     return {"rss_before_mb": before, "peak_mb": _peak_mb(), "added_mb": _peak_mb() - before, "seconds": seconds}
 

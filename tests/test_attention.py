@@ -133,6 +133,72 @@ def test_region_covers_exactly_its_pairs(grad, windowed):
         assert torch.isneginf(acc.lse[0, :, 3:][:, empty]).all() and torch.isfinite(acc.lse[0, :, 3:][:, ~empty]).all()
 
 
+@pytest.mark.parametrize("bias_form", [None, "full", "one head", "key only"])
+def test_recorded_calls_give_the_gradients_of_one_masked_softmax(bias_form):
+    """A training step's accumulator (``Recorder``: the calls run without autograd, one backward from the merged
+    log-sum-exp) over bands, lower regions, clipped pieces and a causal call, GQA, with a learnable bias of each
+    form: its output and the gradients of queries, keys, values and bias equal autograd through one explicitly
+    masked softmax over the same pairs."""
+    torch.manual_seed(0)
+    for n, q0, near, far, key_offset, keys, tile in [
+        (50, 0, 0, 9, 0, 50, 4), (37, 20, 0, 15, 5, 52, 8), (60, 0, 12, None, 0, 48, 16), (30, 20, 2, 6, 0, 40, 8),
+        (20, 0, 30, None, 0, 40, 16), (40, 0, 0, None, 0, 40, 64),
+    ]:
+        q = torch.randn(2, 6, n, 8, requires_grad=True)
+        k, v = torch.randn(2, 2, keys, 8, requires_grad=True), torch.randn(2, 2, keys, 8, requires_grad=True)
+        shape = {None: None, "full": (6, n, keys), "one head": (1, n, keys), "key only": (6, 1, keys)}[bias_form]
+        bias = None if shape is None else torch.randn(shape, requires_grad=True)
+
+        def bias_at(i, j):
+            rows = (i - q0).long() if bias.shape[1] > 1 else torch.zeros_like(i).long()
+            return bias[:, rows][:, :, (j - key_offset).long()]
+
+        acc = kernels.Recorder(q, 8)
+        kernels.region(acc, q, k, v, 0.3, q0, near, far, key_offset, tile, bias=None if bias is None else bias_at)
+        out = acc.out
+        i = torch.arange(q0, q0 + n)[:, None]
+        j = torch.arange(key_offset, key_offset + keys)[None]
+        allowed = (j <= i - near) & (j >= (i - far if far is not None else -1))
+        scores = q @ k.repeat_interleave(3, 1).transpose(-1, -2) * 0.3
+        if bias is not None:
+            scores = scores + bias
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+        expected = weights @ v.repeat_interleave(3, 1)
+        torch.testing.assert_close(out, expected, rtol=0, atol=2e-6)
+        if not bool(allowed.any()):  # (no call: zeros)
+            continue
+        leaves = [t for t in (q, k, v, bias) if t is not None]
+        g = torch.randn_like(out)
+        got = torch.autograd.grad((out * g).sum(), leaves)
+        want = torch.autograd.grad((expected * g).sum(), leaves)
+        for name, a, b in zip("qkvb", got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=lambda m: f"d{name}: {m}")
+
+
+def test_a_training_step_keeps_no_score_matrix_for_autograd():
+    """With gradients the rule kernel records its calls (``Recorder``): what autograd saves is queries, keys, values
+    and outputs (and the calls' bool masks), never a ``heads x queries x keys`` score or weight block (the matmul
+    path saved every tile's), here on PoSE positions (the general path's masked blocks)."""
+    model = tiny_model("llama")
+    model.train()
+    rope_ext.patch(model, "dca")
+    ids = input_ids(3 * L)
+    heads, n = model.config.num_attention_heads, ids.shape[1]
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel() * t.element_size())  # bytes
+        return t
+
+    jump = torch.cat([torch.arange(n // 2), torch.arange(n - n // 2) + 5 * L])[None]  # (PoSE: the general path)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=ids, labels=ids, position_ids=jump, attention_mask=torch.ones_like(ids)).loss
+    loss.backward()
+    scores = [size for size in sizes if size >= heads * n * n]  # (a quarter of one float32 score matrix; a bool mask is less)
+    assert sizes and not scores, (scores, 4 * heads * n * n)
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
 def test_single_query_scores_each_region_once_and_softmaxes_the_row():
     """Decode's accumulator: a band region, a far region scored with another query rotation and a masked piece,
     written into one score row, against one softmax over the same scores written out; keys no region covers

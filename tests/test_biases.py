@@ -4,6 +4,7 @@ the plain reference, and the patched models as users run them (GPT-2 and RoPE fa
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -289,6 +290,31 @@ def test_learnable_biases_train_save_and_reload(family, method, tmp_path):
     torch.testing.assert_close(logits(restored, ids), expected, rtol=0, atol=0)
     if family == "gpt2":
         assert restored.transformer.wpe.weight.shape == (L, 32)  # the table keeps its key and shape
+
+
+@pytest.mark.parametrize("method", ["kerple", "fire"])
+def test_a_learnable_bias_alone_trains_on_a_frozen_model_with_the_references_gradients(method):
+    """Only the bias's parameters need gradients (the model frozen): the blockwise kernel records its calls for
+    them too (the flash op has no derivative for its mask), and their gradients equal the plain formula's, on
+    plain and padded rows."""
+    model = gpt2()
+    rope_ext.patch(model, method)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("rope_ext."))
+    ids = input_ids(2 * L, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    grads = []
+    for override in (contextlib.nullcontext(), kernel_override(program_reference)):
+        with override:
+            model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+        model.zero_grad(set_to_none=True)
+    fast, reference = grads
+    assert fast.keys() == reference.keys() and all(name.startswith("rope_ext.") for name in fast) and fast
+    for name in fast:  # (relative to the largest entry; some are ~0 by symmetry)
+        error, scale = (fast[name] - reference[name]).abs().max().item(), reference[name].abs().max().item()
+        assert error <= 1e-4 * scale + 1e-8, f"{name}: {error:.2e} off, its largest gradient {scale:.2e}"
 
 
 def test_two_patches_with_one_seed_start_from_the_same_parameters():

@@ -69,10 +69,11 @@ def test_a_learned_bias_trains_and_a_grown_run_equals_an_uninterrupted_one(texts
 
 
 def test_a_complete_cosine_run_says_it_cannot_grow(texts, tmp_path, capsys):
-    train(_config(texts, tmp_path / "run", max_steps=2))
-    train(_config(texts, tmp_path / "run", max_steps=2))
-    assert "its cosine schedule is fixed by --max-steps, so it cannot grow; --overwrite starts again" in (
-        capsys.readouterr().out)
+    train(_config(texts, tmp_path / "run", max_steps=2, warmup_steps=8))
+    train(_config(texts, tmp_path / "run", max_steps=2, warmup_steps=8))
+    out = capsys.readouterr().out
+    assert "its cosine schedule is fixed by --max-steps, so it cannot grow; --overwrite starts again" in out
+    assert "the warm-up (8 steps) is longer than the run (2 steps): the learning rate never reaches --lr" in out
 
 
 def test_evaluation_as_saved_keeps_the_trained_parameters(texts, tmp_path, capsys):
@@ -109,6 +110,7 @@ def test_evaluation_as_saved_keeps_the_trained_parameters(texts, tmp_path, capsy
         (["--rope-theta", "500"], "--rope-theta: only for --architecture llama"),
         (["--methods", "alibi,kerple"], r"--methods 'alibi,kerple': a run trains under one spec; '\+' joins methods"),
         (["--optimizer", "sgd", "--adam-beta2", "0.9"], r"--adam-beta2: only for --optimizer adamw or adam"),
+        (["--schedule", "constant", "--warmup-steps", "3"], r"--warmup-steps: the 'constant' schedule has no warm-up"),
         (["--methods", "alibi,"], r"an empty method spec in 'alibi,'"),
         (["--methods", "kerple:form=power,r=1"], r"options are separated by ':'"),
     ],
@@ -134,3 +136,6 @@ def test_a_saved_sgd_run_config_reads_back(tmp_path):
     path.write_text(json.dumps({**saved, "adam_beta2": 0.9}))
     with pytest.raises(ValueError, match=r"--adam-beta2: only for --optimizer adamw or adam"):
         TrainConfig.from_sources(path)
+    constant = TrainConfig(schedule="constant").options()  # (the default warm-up, saved, is no warm-up asked for)
+    path.write_text(json.dumps(constant))
+    assert TrainConfig.from_sources(path).options() == constant

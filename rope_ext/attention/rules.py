@@ -88,10 +88,19 @@ def _scaled(call: Call, group: RowGroup) -> torch.Tensor:
     return group.q if multiplier is None else group.q * multiplier.to(group.q.dtype)[:, None]
 
 
-def _accumulator(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> kernels.Accumulator:
-    if kernels.SingleQuery.applies(q, k) and not call.dropout:
+def _accumulator(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None):
+    """Decode's one score row, the recorded calls of a training step (one backward from the merged log-sum-exp:
+    queries, keys, values or a learnable ``bias`` needing gradients), or the merging accumulator (dropout in
+    training: each call's weights dropped as autograd runs them)."""
+    if call.dropout:
+        return kernels.Accumulator(q, v.shape[-1], call.dropout)
+    if kernels.SingleQuery.applies(q, k):
         return kernels.SingleQuery(q, v)
-    return kernels.Accumulator(q, v.shape[-1], call.dropout)
+    if torch.is_grad_enabled():
+        one = torch.zeros(1, device=q.device)
+        if q.requires_grad or k.requires_grad or v.requires_grad or bias is not None and bias(one, one).requires_grad:
+            return kernels.Recorder(q, v.shape[-1])
+    return kernels.Accumulator(q, v.shape[-1])
 
 
 # --- plain attention (queries and keys as they arrive) ------------------------------------------------
@@ -113,7 +122,7 @@ def run_plain(call: Call) -> torch.Tensor:
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
         n, m = q.shape[2], k.shape[2]
-        acc = _accumulator(call, q, k, v)
+        acc = _accumulator(call, q, k, v, bias)
         if group.contiguous or bias is None:
             q0 = m - n
             start = 0 if far_limit is None else max(0, q0 - far_limit)
@@ -168,7 +177,7 @@ def run_rule(call: Call) -> torch.Tensor:
 
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
-        acc = _accumulator(call, q, k, v)
+        acc = _accumulator(call, q, k, v, bias)
         if group.contiguous and fast is not None:
             keys = KeyRotation(term, group.keep, inv_freq, attention_factor)
             fast(acc, term.rule, q, k, v, call.scale, group.q_pos, keys, bias, far_limit)
@@ -209,12 +218,17 @@ def _masked_blocks(acc, q, k, v, scale, group: RowGroup, regions, bias, far_limi
         block_bias = None if bias is None else bias(i, j)
         for (allowed_fn, query_at, key_at), k_r in zip(regions, keys):
             allowed = causal if allowed_fn is None else causal & allowed_fn(i[:, None], j[None])
-            if not bool(allowed.any()):
+            rows, cols = allowed.any(1).nonzero(), allowed.any(0).nonzero()
+            if not len(rows):
                 continue
-            q_r = q[:, :, a:b] if query_at is None else rotate(
-                q[:, :, a:b], query_at(i), rotation.inv_freq, rotation.attention_factor
+            r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1  # (the pairs' bounding box)
+            q_r = q[:, :, a + r0 : a + r1]
+            if query_at is not None:
+                q_r = rotate(q_r, query_at(i[r0:r1]), rotation.inv_freq, rotation.attention_factor)
+            acc.attend(
+                a + r0, a + r1, q_r, k_r[:, :, c0:c1], v[:, :, c0:c1], scale, c0, allowed[r0:r1, c0:c1],
+                bias=None if block_bias is None else block_bias[..., r0:r1, c0:c1],
             )
-            acc.attend(a, b, q_r, k_r, v, scale, 0, allowed, bias=block_bias)
 
 
 # --- fast runners (rows at positions 0..m-1) ------------------------------------------------------------
@@ -337,7 +351,7 @@ def run_pair_scale(call: Call) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
         n, m = q.shape[2], k.shape[2]
         q0 = m - n
-        acc = _accumulator(call, q, k, v)
+        acc = _accumulator(call, q, k, v, bias)
         if group.contiguous:  # (the rotated keys kept on the cache while decoding, as plain RoPE keeps them)
             k_rot = KeyRotation(term, group.keep, inv_freq, attention_factor).at("position", k, _same)
         else:

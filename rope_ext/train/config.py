@@ -102,6 +102,11 @@ class LoopConfig:
         # (a run's saved options hold every default: Adam's beta2 refused with SGD only where it is another value)
         if values.get("adam_beta2") not in (None, cls.adam_beta2) and config.optimizer == "sgd":
             raise ValueError("--adam-beta2: only for --optimizer adamw or adam (SGD has no beta2)")
+        if values.get("warmup_steps") not in (None, 0, cls.warmup_steps) and config.schedule == "constant":
+            raise ValueError(
+                "--warmup-steps: the 'constant' schedule has no warm-up; give --schedule constant_with_warmup, linear "
+                "or cosine, or leave --warmup-steps out"
+            )
         return config
 
     def check(self) -> None:

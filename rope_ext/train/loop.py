@@ -129,6 +129,11 @@ def run_training(
     _check_deepspeed_clipping(accelerator, config)
     check_mixed_precision(config, accelerator.device.type)
     optimizer = make_optimizer(model, config)
+    if config.schedule != "constant" and config.warmup_steps > config.max_steps:
+        accelerator.print(
+            f"note: the warm-up ({config.warmup_steps} steps) is longer than the run ({config.max_steps} steps): the "
+            f"learning rate never reaches --lr"
+        )
     scheduler = get_scheduler(
         config.schedule, optimizer, num_warmup_steps=config.warmup_steps * processes,
         num_training_steps=config.max_steps * processes,
