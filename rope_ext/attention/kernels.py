@@ -226,13 +226,7 @@ def _matmul_attention(q, k, v, scale, allowed, causal, bias=None, dropout=0.0) -
         b = min(n, a + FALLBACK_TILE)
         keys = b if causal else k.shape[2]  # a causal tile never needs later keys
         scores = (q[:, :, a:b].to(dtype) @ k[:, :, :keys].transpose(-1, -2)) * scale  # [b, h, tile, keys]
-        if bias is not None:  # ([h or 1, n, m], or [h, 1, m]: one row for every query)
-            scores = scores + (bias[..., a:b, :keys] if bias.shape[-2] > 1 else bias[..., :keys]).to(dtype)
-        if causal:
-            i, j = torch.arange(a, b, device=q.device)[:, None], torch.arange(keys, device=q.device)[None]
-            scores = scores.masked_fill(j > i, float("-inf"))
-        elif allowed is not None:
-            scores = scores.masked_fill(~allowed[a:b], float("-inf"))
+        scores = _tile_scores(scores, a, b, keys, causal, allowed, bias)
         lse = torch.logsumexp(scores, dim=-1)
         weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
         if dropout:
@@ -240,6 +234,19 @@ def _matmul_attention(q, k, v, scale, allowed, causal, bias=None, dropout=0.0) -
         outs.append(weights @ v[:, :, :keys])
         lses.append(lse)
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+def _tile_scores(scores, a: int, b: int, keys: int, causal: bool, allowed, bias) -> torch.Tensor:
+    """Queries ``a..b-1``'s scaled scores over the first ``keys`` keys with the bias added (``[h or 1, n, m]``, or
+    ``[h, 1, m]``: one row for every query) and the pairs not allowed (``causal``: key after query) at ``-inf``."""
+    if bias is not None:
+        scores = scores + (bias[..., a:b, :keys] if bias.shape[-2] > 1 else bias[..., :keys]).to(scores.dtype)
+    if causal:
+        i, j = torch.arange(a, b, device=scores.device)[:, None], torch.arange(keys, device=scores.device)[None]
+        return scores.masked_fill(j > i, float("-inf"))
+    if allowed is not None:
+        return scores.masked_fill(~allowed[a:b], float("-inf"))
+    return scores
 
 
 def _flipped(q, k, v, scale) -> tuple[torch.Tensor, torch.Tensor]:
@@ -359,7 +366,7 @@ class _RecordedAttention(torch.autograd.Function):
         return (None, *grads)
 
 
-def _call_backward(q, k, v, bias, scale, allowed, causal, grad_out, delta, lse, needed=(True, True, True, True)):
+def _call_backward(q, k, v, bias, scale, allowed, causal, grad_out, delta, lse, needed):
     """One recorded call's ``(dq, dk, dv, dbias)`` (``None`` where not ``needed``) given the whole attention's
     ``grad_out``, ``delta`` and ``lse`` at its queries, over query tiles of ``FALLBACK_TILE`` (a causal tile
     scores only the keys up to its last query); GQA key heads summed over their query heads."""
@@ -379,16 +386,8 @@ def _call_backward(q, k, v, bias, scale, allowed, causal, grad_out, delta, lse, 
         seen = b if causal else keys  # keys this tile scores
         qt = q[:, :, a:b].to(dtype).unflatten(1, (kv_heads, groups))  # [b, hk, g, t, d]
         scores = (qt @ kd[..., :seen, :].transpose(-1, -2)).flatten(1, 2) * scale  # [b, h, t, seen]
-        if bias is not None:
-            rows = bias[..., a:b, :seen] if bias.shape[-2] > 1 else bias[..., :seen]
-            scores = scores + rows.to(dtype)
-        weights = torch.exp(scores - lse[:, :, a:b, None])
-        if causal:
-            i, j = torch.arange(a, b, device=q.device)[:, None], torch.arange(seen, device=q.device)[None]
-            weights = weights.masked_fill(j > i, 0.0)
-        elif allowed is not None:
-            weights = weights.masked_fill(~allowed[a:b], 0.0)
-        weights = weights.nan_to_num(0.0, posinf=0.0)  # (a row no call reaches: lse -inf)
+        scores = _tile_scores(scores, a, b, seen, causal, allowed, bias)
+        weights = torch.exp(scores - lse[:, :, a:b, None]).nan_to_num(0.0)  # (a row no call reaches: -inf - -inf)
         go = grad_out[:, :, a:b].unflatten(1, (kv_heads, groups))  # [b, hk, g, t, dv]
         w = weights.unflatten(1, (kv_heads, groups))
         if dv is not None:
