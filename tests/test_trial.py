@@ -99,6 +99,33 @@ def test_from_pretrained_loads_the_head_class_the_checkpoint_names(tmp_path):
     assert torch.equal(logits(restored, ids), expected)
 
 
+def test_an_attention_method_may_state_the_length_a_frequency_method_extends_to():
+    """DCA with chunks of 2L on yarn:factor=2 (ChunkLlama on a model extended to 2L): L = 2L is accepted only with
+    a frequency method that reaches it; inside one chunk the model is yarn's, past it DCA acts."""
+    model = tiny_model("llama")
+    spec = f"yarn:factor=2+dca:chunk_size={2 * L}:original_max_position_embeddings={2 * L}"
+    short, long = input_ids(3 * L // 2), input_ids(3 * L)  # DCA's chunk s = 2L - 2L/8 = 112 > 96
+    with rope_ext.patched(model, "yarn:factor=2"):
+        yarn_short, yarn_long = logits(model, short), logits(model, long)
+    with rope_ext.patched(model, spec) as patched:
+        dca = rope_ext.get_patch(patched, resolved=True)[1]
+        assert (dca.chunk_size, dca.local_window, dca.original_max_position_embeddings) == (2 * L, 2 * L // 8, 2 * L)
+        torch.testing.assert_close(logits(model, short), yarn_short, rtol=0, atol=2e-5)
+        assert (logits(model, long) - yarn_long).abs().max() > 1e-3
+    for bad, message in [
+        (f"yarn:factor=2+dca:original_max_position_embeddings={2 * L + 1}",
+         rf"dca: original_max_position_embeddings={2 * L + 1} exceeds the context {2 * L} that yarn:factor=2 handles; "
+         rf"valid: 2..{2 * L}"),
+        (f"dca:original_max_position_embeddings={2 * L}",
+         rf"exceeds the model's original context {L} \(from its config\); valid: 2..{L}"),
+        (f"dynamic_ntk:factor=2+dca:original_max_position_embeddings={2 * L}",
+         rf"exceeds the model's original context {L} \(from its config\); valid: 2..{L}"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            rope_ext.patch(model, bad)
+        assert rope_ext.get_patch(model) is None
+
+
 # --- 4. a checkpoint that already scales RoPE: attention methods take its window as L ---------------------
 
 

@@ -32,16 +32,20 @@ class PositionRuleInstaller(HookInstaller):
         assert isinstance(method, AttentionConfig)
         rotation = rotate_in_attention(builder, method.method)
         limits = set()
+        frequency = rotation.rotary.method
         for _layer, program, term in rotation.full:
-            check_length_within(method.method, method.original_max_position_embeddings, term.native)
+            within = term.original
+            if frequency is not None and not frequency.dynamic:  # distances the extended rotation handles
+                spec = rotation.rotary.specs[term.layer_type]
+                within = round(frequency.factor * spec.original_max_position_embeddings)
+            # a stated L may reach what the rotation handles: DCA with 16k chunks on yarn:factor=2 of an 8k model
+            extended = term.native is not None and within > term.native
+            check_length_within(method.method, method.original_max_position_embeddings,
+                                within if extended else term.native, frequency if extended else None)
             term.rule = method.resolved(term.original)
             mscale = getattr(term.rule, "mscale", False)
             if mscale:
                 program.add(QueryScale(term.rule, term.rule.original))
-            frequency = rotation.rotary.method
-            within = term.original
-            if frequency is not None and not frequency.dynamic:  # distances the extended rotation handles
-                within = round(frequency.factor * rotation.rotary.specs[term.layer_type].original_max_position_embeddings)
             limits.add(term.rule.intended_length(within))
         limit = None if None in limits else min(limits)
         builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)

@@ -262,13 +262,13 @@ def check_positive(method: str, name: str, value: Any, *, allow_none: bool = Fal
         raise ValueError(f"{method}: {name} must be a finite number > 0, got {value!r}")
 
 
-def check_length_within(method: str, requested: int | None, native: int | None) -> None:
-    """A stated ``L`` may not exceed the model config's original context."""
+def check_length_within(method: str, requested: int | None, native: int | None, extended_by: Any = None) -> None:
+    """A stated ``L`` may not exceed the model config's original context, or, for a rule on an extended rotation
+    (``extended_by``, the frequency method), the context that rotation handles (``native`` is then that one)."""
     if requested and native and requested > native:
-        raise ValueError(
-            f"{method}: original_max_position_embeddings={requested} exceeds the model's original context {native} "
-            f"(from its config); valid: 2..{native}"
-        )
+        what = (f"the context {native} that {extended_by.method}:factor={extended_by.factor:g} handles"
+                if extended_by is not None else f"the model's original context {native} (from its config)")
+        raise ValueError(f"{method}: original_max_position_embeddings={requested} exceeds {what}; valid: 2..{native}")
 
 
 def check_context_length(method: str, value: Any) -> None:
