@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 from torch import nn
 
 from rope_ext.hooks.attention import installed_programs
-from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtModule, get_hook
+from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
+from rope_ext.hooks.buckets import BucketBias, RelativePositions
 from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs, methods_with_hooks
 from rope_ext.methods.base import get_method_class
@@ -116,7 +117,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     try:
         configs = make_configs(method, **options)
     except ValueError as error:
-        if "unknown option" not in str(error):
+        if "unknown option" not in str(error) or not site_options:
             raise
         raise ValueError(
             f"{error}; this model's site options (keyword arguments of patch, not part of a method's options): "
@@ -213,9 +214,14 @@ def patched(model: ModelT, method: Any, *, discard_trained: bool = False, **opti
 
     try:
         yield model
-    except BaseException:
-        if still_ours():  # keep the body's exception
-            unpatch(model, discard_trained=discard_trained)
+    except BaseException as error:
+        if still_ours():  # keep the body's exception (an unpatch refused is told in a note on it)
+            try:
+                unpatch(model, discard_trained=discard_trained)
+            except Exception as refused:  # noqa: BLE001
+                error.add_note(
+                    f"rope_ext.patched could not unpatch on the way out; the model is still patched: {refused}"
+                )
         raise
     if still_ours():
         unpatch(model, discard_trained=discard_trained)
@@ -235,6 +241,9 @@ def summary(model: nn.Module) -> str:
     for name, module in owner.named_modules():
         if isinstance(module, RopeExtModule) and not isinstance(module, PatchParameters):  # a replaced module
             lines.append(f"  {name}: {type(module).__name__}({module.extra_repr()})")
+        for attribute, kind in (("compute_bias", BucketBias), ("get_rel_pos", RelativePositions)):
+            if isinstance(vars(module).get(attribute), kind):  # buckets or positions read through the method
+                lines.append(f"  {name}.{attribute}: {vars(module)[attribute]!r}")
     programs: dict[str, list[int]] = {}
     for module, program in installed_programs(owner):
         key = f"{program.layer_type or 'layers'}: {program.describe()}"
@@ -312,10 +321,25 @@ def _find_state(model: nn.Module) -> tuple[nn.Module, PatchState] | None:
     return None
 
 
+def loaded_as_patched(model: nn.Module) -> None:
+    """Take the current values of the parameters the patch owns as their values at patch time (after a reload
+    gave them their saved values), so ``unpatch`` counts only what is trained after this."""
+    _, state = _find_state(model)
+    for edit in state.plan.edits:
+        if isinstance(edit, ContainerEdit):
+            edit.initial = container_of(edit.obj).initial()
+
+
 def _replaced_part(model: nn.Module) -> str | None:
-    """The name of the first module inside ``model`` that rope_ext installed, or ``None``."""
-    name = next((name for name, m in model.named_modules() if isinstance(m, RopeExtModule)), None)
-    return None if name is None else name or "the module itself"
+    """The name of the first module inside ``model`` that rope_ext installed (or whose method it replaced by an
+    attribute), or ``None``."""
+    for name, module in model.named_modules():
+        if isinstance(module, RopeExtModule):
+            return name or "the module itself"
+        attribute = next((k for k, v in vars(module).items() if isinstance(v, RopeExtCallable)), None)
+        if attribute is not None:
+            return f"{name}.{attribute}" if name else attribute
+    return None
 
 
 def _describe(methods: tuple[MethodConfig, ...]) -> MethodConfig | tuple[MethodConfig, ...]:

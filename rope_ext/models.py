@@ -141,7 +141,7 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
                              f"not {', '.join(extra)}")
         return load_finetune_base(path, kwargs.get("dtype"))
 
-    from rope_ext.core import patch, saved_patch
+    from rope_ext.core import loaded_as_patched, patch, saved_patch
     from rope_ext.hooks.params import PARAMS_ATTR, container_of
     from rope_ext.methods import MethodConfig
     from rope_ext.patches import CONFIG_KEY
@@ -189,6 +189,7 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
                 "without them (e.g. by a tool that keeps only the base model's weights)"
             )
         container.load_state_dict(saved)
+        loaded_as_patched(model)  # (what was loaded is not "trained since patching": unpatch compares with it)
     return model
 
 

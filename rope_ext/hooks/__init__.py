@@ -23,6 +23,7 @@ from rope_ext.hooks.positions import PositionRuleInstaller, QueryScaleInstaller
 from rope_ext.hooks.wrapper import WrapperInstaller
 from rope_ext.hooks.absolute import AbsoluteInstaller, AbsoluteSite, PositionTable
 from rope_ext.hooks.bias import BiasInstaller, PositionBias
+from rope_ext.hooks.buckets import BucketInstaller, BucketSite, LogBucketInstaller, LogBucketSite
 from rope_ext.hooks.pair_scale import PairScaleInstaller
 from rope_ext.hooks.params import PARAMS_ATTR, OwnedModule, PatchParameters, own
 
@@ -30,6 +31,10 @@ __all__ = [
     "AbsoluteInstaller",
     "AbsoluteSite",
     "BiasInstaller",
+    "BucketInstaller",
+    "BucketSite",
+    "LogBucketInstaller",
+    "LogBucketSite",
     "PositionBias",
     "PositionTable",
     "ATTENTION_KEY",

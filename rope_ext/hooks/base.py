@@ -220,6 +220,11 @@ class RopeExtModule(nn.Module):
     """Base of every module rope_ext installs in a model (so a patched part of a model is recognised)."""
 
 
+class RopeExtCallable:
+    """Base of the callables rope_ext sets as a module's attribute in place of one of its methods (T5's
+    ``compute_bias``, DeBERTa's ``get_rel_pos``), so a patched part of a model is recognised by them too."""
+
+
 class Site:
     """One place in a model that hook installers can configure.
 

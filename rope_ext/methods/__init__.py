@@ -19,6 +19,8 @@ from rope_ext.methods.absolute import AbsHierarchicalConfig, AbsInterpConfig, Ab
 from rope_ext.methods.base import (
     HOOK_ABSOLUTE,
     HOOK_BIAS,
+    HOOK_BUCKET,
+    HOOK_LOG_BUCKET,
     HOOK_FREQUENCY,
     HOOK_PAIR_SCALE,
     MethodConfig,
@@ -29,6 +31,16 @@ from rope_ext.methods.base import (
     methods_with_hooks,
     register_method,
     unregister_method,
+)
+from rope_ext.methods.buckets import (
+    BucketConfig,
+    DebertaBucketScaleConfig,
+    DebertaBucketStretchConfig,
+    LogBucketConfig,
+    T5BucketExtendConfig,
+    T5BucketScaleConfig,
+    deberta_log_bucket,
+    t5_bucket,
 )
 from rope_ext.methods.biases import AlibiConfig, BiasConfig, FireConfig, KerpleConfig, SandwichConfig, alibi_slopes
 from rope_ext.methods.xpos import XposConfig, xpos_zeta
@@ -46,6 +58,16 @@ from rope_ext.methods.frequency import (
 )
 
 __all__ = [
+    "HOOK_BUCKET",
+    "HOOK_LOG_BUCKET",
+    "DebertaBucketScaleConfig",
+    "DebertaBucketStretchConfig",
+    "LogBucketConfig",
+    "deberta_log_bucket",
+    "BucketConfig",
+    "T5BucketExtendConfig",
+    "T5BucketScaleConfig",
+    "t5_bucket",
     "HOOK_PAIR_SCALE",
     "XposConfig",
     "xpos_zeta",

@@ -31,6 +31,10 @@ HOOK_BIAS = "bias"
 HOOK_ABSOLUTE = "absolute"
 #: The hook kind of xPos: a per-pair scale of queries and keys on top of RoPE (``rope_ext.methods.xpos``).
 HOOK_PAIR_SCALE = "pair_scale"
+#: The hook kind of T5's relative-position buckets read past their trained distances (``rope_ext.methods.buckets``).
+HOOK_BUCKET = "bucket"
+#: The hook kind of DeBERTa's log-bucketed relative positions remapped (``rope_ext.methods.buckets``).
+HOOK_LOG_BUCKET = "log_bucket"
 
 _METHODS: Registry[type[MethodConfig]] = Registry("method", "valid methods")
 
@@ -128,7 +132,8 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
 #: computed with it, then what scales it, then what wraps the whole call (its installer sees the others' terms);
 #: kinds not listed follow in the order given
 HOOK_ORDER = (
-    HOOK_FREQUENCY, HOOK_ABSOLUTE, HOOK_BIAS, HOOK_ATTENTION, HOOK_PAIR_SCALE, HOOK_QUERY_SCALE, HOOK_WRAPPER
+    HOOK_FREQUENCY, HOOK_ABSOLUTE, HOOK_BUCKET, HOOK_LOG_BUCKET, HOOK_BIAS, HOOK_ATTENTION, HOOK_PAIR_SCALE,
+    HOOK_QUERY_SCALE, HOOK_WRAPPER,
 )
 
 

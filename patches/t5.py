@@ -1,0 +1,54 @@
+"""T5 and the families that share its attention code (mT5, UMT5): relative-position bucket tables, no rotary
+module and no absolute table; the sites of ``rope_ext.hooks.buckets``.
+
+T5 and mT5 keep a table in the first self-attention layer of each stack (encoder, decoder), UMT5 one in every
+self-attention layer; each such module (``has_relative_attention_bias``) is a bucket site. The cross-attention
+modules have no table (no positions) and are left alone.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from rope_ext.hooks.base import Sites
+from rope_ext.hooks.buckets import BucketSite
+from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
+
+
+class BucketFamily(FamilyAdapter):
+    """A family whose attention class is ``class_name`` of ``transformers.models.<module>``, with T5's bucket
+    tables."""
+
+    site_kinds = frozenset({BucketSite.kind})
+
+    def __init__(self, name: str, module: str, class_name: str) -> None:
+        self.name = name
+        self.module = "transformers.models." + module
+        self.class_name = class_name
+
+    def _attention(self, model: nn.Module) -> list[nn.Module]:
+        return modules_deriving_from(model, self.module, self.class_name)
+
+    def matches(self, model: nn.Module) -> bool:
+        return bool(self._attention(model))
+
+    def locate(self, model: nn.Module) -> Sites:
+        if type(model).__name__.endswith("Stack") and type(model).__module__ == self.module:
+            raise ValueError(
+                f"{self.name}: patch the whole model, not its {type(model).__name__} ({type(model).__name__} keeps its "
+                "own copy of the config, so a patch recorded there would not be saved with the model)"
+            )
+        found = {id(m) for m in self._attention(model) if getattr(m, "has_relative_attention_bias", False)}
+        tables = [m for m in model.modules() if id(m) in found]  # (in the model's order: encoder first)
+        if not tables:
+            raise ValueError(f"{self.name}: found no attention module with a relative-position bias table")
+        config = getattr(model, "config", None) or tables[0].config
+        return Sites(config, {BucketSite.kind: [BucketSite(self.name, tables)]}, model)
+
+
+for _name, _module, _class in [
+    ("t5", "t5.modeling_t5", "T5Attention"),
+    ("mt5", "mt5.modeling_mt5", "MT5Attention"),
+    ("umt5", "umt5.modeling_umt5", "UMT5Attention"),
+]:
+    register_family(BucketFamily(_name, _module, _class))

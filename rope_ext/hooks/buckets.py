@@ -1,0 +1,165 @@
+"""The bucket sites (T5's relative-position bias tables, DeBERTa's relative positions) and the hook kinds
+``bucket`` and ``log_bucket``.
+
+T5 keeps one bias table per stack, in the first self-attention layer of the encoder and of the decoder
+(``relative_attention_bias``, ``num_buckets x heads``); that layer's ``compute_bias(query_length, key_length,
+device, past_seen_tokens)`` makes the ``[1, heads, q, k]`` bias every layer of the stack adds (transformers passes
+it down). The installer sets ``compute_bias`` on each of those modules to a ``BucketBias``: the same computation
+with the method's buckets (``rope_ext.methods.buckets``), reading the module's own table, or the grown table the
+patch owns (``model.rope_ext.<method>.tables.<i>``, which trains, saves and reloads with the model). The tables'
+parameters keep their keys and shapes; the cross-attention is left alone (it has no positions).
+
+DeBERTa-v2/v3 computes its relative positions once per forward in the encoder (``get_rel_pos(hidden_states,
+query_states=None, relative_pos=None) -> [1, q, k]``, already bucketed) and every layer's disentangled attention
+reads them, content-to-position and position-to-content. The ``log_bucket`` installer sets ``get_rel_pos`` on the
+encoder to a ``RelativePositions``: the same positions through the method. Positions a caller passes in
+(``relative_pos``) are used as given, as transformers does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
+from rope_ext.hooks.params import OwnedModule, own
+from rope_ext.methods import HOOK_BUCKET, HOOK_LOG_BUCKET, BucketConfig, LogBucketConfig, MethodConfig
+
+
+@dataclass(eq=False)
+class BucketSite(Site):
+    """The attention modules that hold a bucket table (``relative_attention_bias``), each with ``is_decoder``,
+    ``relative_attention_num_buckets`` and ``relative_attention_max_distance`` as T5's have them."""
+
+    kind: ClassVar[str] = "bucket"
+
+    family: str
+    modules: list[nn.Module]
+
+
+class BucketTables(nn.Module):
+    """The grown tables of a patch, one per bucket module: ``forward(index, buckets)`` reads table ``index``."""
+
+    def __init__(self, tables: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding.from_pretrained(t, freeze=False) for t in tables)
+
+    def forward(self, index: int, buckets: torch.Tensor) -> torch.Tensor:
+        return self.tables[index](buckets)
+
+
+@dataclass(eq=False)
+class BucketBias(RopeExtCallable):
+    """``compute_bias`` of one bucket module under a method: ``(query_length, key_length, device=None,
+    past_seen_tokens=0) -> [1, heads, q, k]``, the bias of queries ``past..past+q-1`` over keys ``0..k-1``."""
+
+    module: nn.Module
+    method: BucketConfig
+    owned: OwnedModule | None = None
+    index: int = 0
+
+    def __call__(
+        self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
+    ) -> torch.Tensor:
+        module = self.module
+        if device is None:
+            device = module.relative_attention_bias.weight.device
+        context = torch.arange(query_length, dtype=torch.long, device=device)[:, None] + past_seen_tokens
+        memory = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
+        buckets = self.method.bucket(
+            memory - context, not module.is_decoder, module.relative_attention_num_buckets,
+            module.relative_attention_max_distance,
+        )
+        values = module.relative_attention_bias(buckets) if self.owned is None else self.owned(self.index, buckets)
+        return values.permute([2, 0, 1]).unsqueeze(0)  # [1, heads, q, k]
+
+    def __repr__(self) -> str:
+        m = self.module
+        rows = self.method.per_direction(
+            not m.is_decoder, m.relative_attention_num_buckets, m.relative_attention_max_distance
+        )
+        table = "its own table" if self.owned is None else f"a grown table of {rows} buckets per direction"
+        return f"{self.method.method}(factor={self.method.factor:g}) buckets, {table}"
+
+
+class BucketInstaller(HookInstaller):
+    """Bucket methods: every table module's ``compute_bias`` replaced; a method that grows the table gets its own
+    copies, grown, in the patch's parameter container."""
+
+    kind = HOOK_BUCKET
+    site_kinds = frozenset({BucketSite.kind})
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        assert isinstance(method, BucketConfig)
+        modules = [module for site in builder.sites.get(BucketSite.kind) for module in site.modules]
+        owned = None
+        if method.grows_table:
+            tables = [
+                method.table(m.relative_attention_bias.weight, not m.is_decoder, m.relative_attention_num_buckets,
+                             m.relative_attention_max_distance)
+                for m in modules
+            ]
+            owned = own(builder, method.method, BucketTables(tables))
+        for index, module in enumerate(modules):
+            builder.edit(module, "compute_bias", BucketBias(module, method, owned, index))
+
+
+register_hook(BucketInstaller())
+
+
+@dataclass(eq=False)
+class LogBucketSite(Site):
+    """An encoder that computes DeBERTa's relative positions (``get_rel_pos``, with ``position_buckets`` and
+    ``max_relative_positions`` as DeBERTa-v2's encoder has them)."""
+
+    kind: ClassVar[str] = "log_bucket"
+
+    family: str
+    encoder: nn.Module
+
+
+@dataclass(eq=False)
+class RelativePositions(RopeExtCallable):
+    """``get_rel_pos`` of a DeBERTa encoder under a method: ``[1, q, k]`` long, ``i - j`` remapped and bucketed."""
+
+    encoder: nn.Module
+    method: LogBucketConfig
+
+    def __call__(self, hidden_states: torch.Tensor, query_states: torch.Tensor | None = None,
+                 relative_pos: torch.Tensor | None = None) -> torch.Tensor | None:
+        encoder = self.encoder
+        if not encoder.relative_attention or relative_pos is not None:
+            return relative_pos
+        queries = (query_states if query_states is not None else hidden_states).size(-2)
+        keys = hidden_states.size(-2)
+        device = hidden_states.device
+        rel = torch.arange(queries, dtype=torch.long, device=device)[:, None] - torch.arange(keys, device=device)[None]
+        return self.method.positions(rel, encoder.position_buckets, encoder.max_relative_positions)[None]
+
+    def __repr__(self) -> str:
+        return f"{self.method.method}(factor={self.method.factor:g}) relative positions"
+
+
+class LogBucketInstaller(HookInstaller):
+    """DeBERTa's relative positions through the method: the encoder's ``get_rel_pos`` replaced."""
+
+    kind = HOOK_LOG_BUCKET
+    site_kinds = frozenset({LogBucketSite.kind})
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        assert isinstance(method, LogBucketConfig)
+        for site in builder.sites.get(LogBucketSite.kind):
+            encoder = site.encoder
+            if method.needs_buckets and not encoder.position_buckets > 0:
+                raise ValueError(
+                    f"{method.method}: this {site.family} model has no log buckets (position_buckets="
+                    f"{encoder.position_buckets}): its relative positions are distances clamped at "
+                    f"{encoder.max_relative_positions}; use deberta_bucket_scale"
+                )
+            builder.edit(encoder, "get_rel_pos", RelativePositions(encoder, method))
+
+
+register_hook(LogBucketInstaller())

@@ -1,0 +1,323 @@
+"""T5 (and mT5, UMT5): the bucket methods ``t5_bucket_scale`` and ``t5_bucket_extend`` on tiny models built from
+configs. The reference for every bucket is transformers' own ``T5Attention._relative_position_bucket``; the
+hand-computed points are written out with the formula they come from."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, MT5Config, T5Config, UMT5Config
+from transformers.models.t5.modeling_t5 import T5Attention
+
+import rope_ext
+from rope_ext.methods import T5BucketExtendConfig, T5BucketScaleConfig, make_config, t5_bucket
+
+T5_BUCKETS = T5Attention._relative_position_bucket
+CONFIGS = {"t5": T5Config, "mt5": MT5Config, "umt5": UMT5Config}
+
+
+def tiny_t5(family: str = "t5", seed: int = 0, **overrides):
+    config = CONFIGS[family](
+        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=32, relative_attention_max_distance=128, decoder_start_token_id=0,
+        pad_token_id=0, eos_token_id=1, dropout_rate=0.0, **overrides,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    with torch.no_grad():  # (a tiny model's bias table starts near zero: make the buckets matter)
+        for module in model.modules():
+            if getattr(module, "has_relative_attention_bias", False):
+                module.relative_attention_bias.weight.normal_(0, 1.0)
+    return model
+
+
+def ids(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(2, 96, (batch, length), generator=generator)
+
+
+def forward(model, encoder_ids, decoder_ids, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=encoder_ids, decoder_input_ids=decoder_ids, **kwargs).logits
+
+
+DISTANCES = torch.arange(-5000, 5001)
+
+
+# --- the bucket functions ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (64, 256), (16, 32), (32, 20)])
+def test_the_plain_buckets_are_transformers_on_every_distance(bidirectional, num_buckets, max_distance):
+    expected = T5_BUCKETS(DISTANCES, bidirectional, num_buckets, max_distance)
+    assert torch.equal(t5_bucket(DISTANCES, bidirectional, num_buckets, max_distance), expected)
+    for config in (T5BucketScaleConfig(factor=1), T5BucketExtendConfig(factor=1)):  # identity settings
+        assert torch.equal(config.bucket(DISTANCES, bidirectional, num_buckets, max_distance), expected)
+
+
+@pytest.mark.parametrize("factor", [1.5, 2, 4, 7.3])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_scaling_buckets_the_distance_divided_by_the_factor(factor, bidirectional):
+    scaled = torch.sign(DISTANCES) * torch.div(DISTANCES.abs() * 10, int(factor * 10), rounding_mode="floor")
+    expected = T5_BUCKETS(scaled, bidirectional, 32, 128)
+    assert torch.equal(T5BucketScaleConfig(factor=factor).bucket(DISTANCES, bidirectional, 32, 128), expected)
+
+
+def test_hand_computed_buckets():
+    """t5's 32 buckets, max_distance 128. Encoder: 16 per direction, 8 exact, bucket 8 + trunc(ln(r/8)/ln(16)*8);
+    keys after the query + 16. Decoder: 32, 16 exact, 16 + trunc(ln(r/16)/ln(8)*16)."""
+    scale, extend = T5BucketScaleConfig(factor=4), T5BucketExtendConfig(factor=8)
+    rel = torch.tensor([-100, 100, -7, 7, -200, 200, -1000, 1000])
+    # scale x4: r = 25 -> 8 + trunc(3.288) = 11; r = 1 -> 1; r = 50 -> 8 + trunc(5.288) = 13;
+    # r = 250 -> 8 + trunc(9.93) = 17, capped at 15
+    assert scale.bucket(rel, True, 32, 128).tolist() == [11, 27, 1, 17, 13, 29, 15, 31]
+    # decoder, r = 25 -> 16 + trunc(ln(25/16)/ln(8)*16 = 3.434) = 19; keys after the query count as distance 0
+    assert scale.bucket(torch.tensor([-100, 100, -1000]), False, 32, 128).tolist() == [19, 0, 16 + 15]
+    # extend x8: 6 more buckets per direction (8 ln 8 / ln 16 = 6), 22 each: r = 200 -> 8 + trunc(9.288) = 17,
+    # r = 1000 -> 8 + trunc(13.93) = 21 (the new last); keys after the query from 22 on;
+    # r = 100 -> 8 + trunc(7.288) = 15
+    assert extend.bucket(rel, True, 32, 128).tolist() == [15, 37, 7, 29, 17, 39, 21, 43]
+    # decoder: 16 more (16 ln 8 / ln 8), 48: r = 200 -> 16 + trunc(ln(12.5)/ln(8)*16 = 19.43) = 35; r = 1000 ->
+    # 16 + trunc(31.82) = 47
+    assert extend.bucket(torch.tensor([-200, -1000, -100000]), False, 32, 128).tolist() == [35, 47, 47]
+    # (T5's own puts all of them in its last bucket)
+    assert T5_BUCKETS(torch.tensor([-200, -1000]), True, 32, 128).tolist() == [15, 15]
+
+
+@pytest.mark.parametrize(
+    ("factor", "bidirectional", "rows"),
+    [(1, True, 16), (2, True, 18), (4, True, 20), (8, True, 22), (5, True, 21), (8, False, 48), (2, False, 38)],
+)
+def test_the_grown_table_has_the_buckets_of_the_same_width(factor, bidirectional, rows):
+    """Per direction n + ceil((n - e) ln(factor) / ln(D / e)): encoder 16 + ceil(2 log2(factor)) (8 / ln(16) = 2 /
+    ln 2), decoder 32 + ceil(16 log8(factor)); 5x: 16 + ceil(4.64) = 21; decoder 2x: 32 + ceil(5.33) = 38."""
+    config = T5BucketExtendConfig(factor=factor)
+    assert config.per_direction(bidirectional, 32, 128) == rows
+    # the last bucket starts about factor x as far as t5's own: 8 * 16^(7/8) = 90.5 -> 91 (encoder),
+    # 16 * 8^(15/16) = 112.4 -> 113 (decoder)
+    distance = torch.arange(0, 100000)
+    first = int((config.bucket(-distance, bidirectional, 32, 128) == rows - 1).nonzero()[0])
+    own = int((T5_BUCKETS(-distance, bidirectional, 32, 128) == (15 if bidirectional else 31)).nonzero()[0])
+    assert own == (91 if bidirectional else 113)
+    assert factor * own * 0.99 <= first < factor * own * 1.5
+
+
+def test_the_grown_table_keeps_every_trained_row_and_copies_the_last():
+    weight = torch.randn(32, 4)
+    table = T5BucketExtendConfig(factor=8).table(weight, True, 32, 128)  # 22 per direction
+    assert table.shape == (44, 4)
+    assert torch.equal(table[:16], weight[:16]) and torch.equal(table[22:38], weight[16:32])
+    assert torch.equal(table[16:22], weight[15].expand(6, 4)) and torch.equal(table[38:], weight[31].expand(6, 4))
+    decoder = T5BucketExtendConfig(factor=8).table(weight, False, 32, 128)
+    assert decoder.shape == (48, 4) and torch.equal(decoder[:32], weight)
+    assert torch.equal(decoder[32:], weight[31].expand(16, 4))
+
+
+@pytest.mark.parametrize("method", ["t5_bucket_scale", "t5_bucket_extend"])
+@pytest.mark.parametrize("options", [{"factor": 0.5}, {"factor": 0}, {"factor": -2}, {"factor": float("nan")}, {}])
+def test_bad_factors_are_refused(method, options):
+    with pytest.raises(ValueError, match=rf"{method}: factor (must be|is required)"):
+        make_config(method, **options)
+
+
+# --- on models ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["t5", "mt5", "umt5"])
+def test_identity_settings_give_the_original_logits_and_unpatch_is_bit_exact(family):
+    model = tiny_t5(family)
+    encoder_ids, decoder_ids = ids(300), ids(200, seed=2)
+    base = forward(model, encoder_ids, decoder_ids)
+    for spec in ("t5_bucket_scale:factor=1", "t5_bucket_extend:factor=1", "t5_bucket_extend:factor=8"):
+        with rope_ext.patched(model, spec):  # (extend: the new rows start as the last trained one's copies)
+            assert torch.equal(forward(model, encoder_ids, decoder_ids), base), spec
+    rope_ext.patch(model, "t5_bucket_scale:factor=4")
+    assert not torch.allclose(forward(model, encoder_ids, decoder_ids), base, atol=1e-3)
+    rope_ext.unpatch(model)
+    assert torch.equal(forward(model, encoder_ids, decoder_ids), base)
+    assert all("compute_bias" not in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("family", ["t5", "umt5"])
+def test_the_patched_bias_is_transformers_bias_on_divided_distances(family):
+    """Every table module's bias, encoder and decoder, against the table read at transformers' buckets of
+    ``sign(rel) floor(|rel| / 4)``, with a cached prefix too (decoder: queries 150..159 over 160 keys)."""
+    model = tiny_t5(family)
+    rope_ext.patch(model, "t5_bucket_scale:factor=4")
+    modules = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
+    assert len(modules) == (2 if family == "t5" else 4)
+    for module in modules:
+        q, k, past = (10, 160, 150) if module.is_decoder else (120, 120, 0)
+        rel = torch.arange(k)[None] - (torch.arange(q)[:, None] + past)
+        scaled = torch.sign(rel) * torch.div(rel.abs(), 4, rounding_mode="floor")
+        buckets = T5_BUCKETS(scaled, not module.is_decoder, 32, 128)
+        expected = module.relative_attention_bias.weight[buckets].permute(2, 0, 1)[None]
+        assert torch.equal(module.compute_bias(q, k, past_seen_tokens=past), expected)
+
+
+def test_generation_with_the_cache_equals_the_full_forward():
+    model = tiny_t5()
+    encoder_ids = ids(260)
+    with torch.no_grad():
+        rope_ext.patch(model, "t5_bucket_scale:factor=2")
+        out = model.generate(encoder_ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    full = forward(model, encoder_ids, out.sequences[:, :-1])
+    for step, step_logits in enumerate(out.logits):
+        torch.testing.assert_close(step_logits, full[:, step], rtol=0, atol=1e-5)
+
+
+def test_a_padded_batch_row_equals_the_row_alone():
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_extend:factor=4")
+    with torch.no_grad():  # (a trained table: the new rows differ from the copies)
+        model.rope_ext.t5_bucket_extend.tables[0].weight.normal_()
+    long, short = ids(220), ids(150, seed=3)
+    batch = torch.zeros(2, 220, dtype=torch.long)
+    batch[0], batch[1, :150] = long[0], short[0]
+    mask = (torch.arange(220)[None] < torch.tensor([[220], [150]])).long()
+    decoder_ids = ids(20, batch=2, seed=4)
+    padded = forward(model, batch, decoder_ids, attention_mask=mask)
+    torch.testing.assert_close(padded[1:], forward(model, short, decoder_ids[1:]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(padded[:1], forward(model, long, decoder_ids[:1]), rtol=0, atol=1e-5)
+
+
+def test_a_grown_table_trains_saves_and_reloads(tmp_path):
+    model = tiny_t5()
+    encoder_ids, decoder_ids = ids(300), ids(40, seed=2)
+    rope_ext.patch(model, "t5_bucket_extend:factor=8")
+    tables = model.rope_ext.t5_bucket_extend.tables
+    assert [t.weight.shape for t in tables] == [(44, 4), (48, 4)]
+    assert rope_ext.summary(model).splitlines() == [
+        "rope_ext patch: t5_bucket_extend:factor=8",
+        "  encoder.block.0.layer.0.SelfAttention.compute_bias: t5_bucket_extend(factor=8) buckets, a grown table of 22 "
+        "buckets per direction",
+        "  decoder.block.0.layer.0.SelfAttention.compute_bias: t5_bucket_extend(factor=8) buckets, a grown table of 48 "
+        "buckets per direction",
+        "  parameters owned: 368 (368 trainable) under 'rope_ext.'",
+    ]
+    # a step of training moves the grown rows (distances past the old reach occur in 300 tokens)
+    model.train()
+    optimizer = torch.optim.SGD(model.rope_ext.parameters(), lr=1.0)
+    loss = model(input_ids=encoder_ids, decoder_input_ids=decoder_ids, labels=decoder_ids).loss
+    loss.backward()
+    assert tables[0].weight.grad[16:22].abs().sum() > 0 and tables[0].weight.grad[38:].abs().sum() > 0
+    optimizer.step()
+    model.eval()
+    expected = forward(model, encoder_ids, decoder_ids)
+    model.save_pretrained(tmp_path)
+    restored = rope_ext.from_pretrained(tmp_path)
+    assert type(restored) is type(model) and rope_ext.get_patch(restored) == rope_ext.get_patch(model)
+    assert torch.equal(forward(restored, encoder_ids, decoder_ids), expected)
+    with pytest.raises(RuntimeError, match=r"trained since patching \(t5_bucket_extend.tables.0.weight"):
+        rope_ext.unpatch(model)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("yarn:factor=4",
+         r"method 'yarn' needs a 'frequency' hook, which family 't5' does not support; methods for t5: "
+         r"t5_bucket_extend, t5_bucket_scale"),
+        ("dca", r"family 't5' does not support; methods for t5: t5_bucket_extend, t5_bucket_scale"),
+        ("alibi", r"family 't5' does not support; methods for t5: t5_bucket_extend, t5_bucket_scale"),
+        ("t5_bucket_scale:factor=0.5", r"t5_bucket_scale: factor must be >= 1"),
+        ("t5_bucket_extend:num_buckets=64",
+         r"t5_bucket_extend: unknown option\(s\) num_buckets; valid options: factor$"),
+    ],
+)
+def test_bad_input_is_refused_and_the_model_untouched(spec, message):
+    model = tiny_t5()
+    encoder_ids, decoder_ids = ids(150), ids(20, seed=2)
+    base = forward(model, encoder_ids, decoder_ids)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        rope_ext.patch(model, spec)
+    assert rope_ext.get_patch(model) is None and model.state_dict().keys() == state.keys()
+    assert torch.equal(forward(model, encoder_ids, decoder_ids), base)
+
+
+def test_patching_twice_and_a_bucket_method_on_a_rotary_model_are_refused():
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_scale:factor=2")
+    with pytest.raises(RuntimeError, match=r"already patched with T5BucketScaleConfig\(factor=2\)"):
+        rope_ext.patch(model, "t5_bucket_extend:factor=2")
+    from tiny import tiny_model
+
+    refused = r"needs a 'bucket' hook, which family 'llama' does not support; methods for llama: alibi, dca"
+    with pytest.raises(ValueError, match=refused):
+        rope_ext.patch(tiny_model("llama"), "t5_bucket_scale:factor=2")
+
+
+def test_a_grown_table_trains_through_peft_and_a_patched_model_copies(tmp_path):
+    """LoRA on q/v with the grown tables in ``modules_to_save`` (peft freezes them otherwise): the tables train,
+    the adapter saves and reloads onto a base made by ``rope_ext.from_pretrained``; a deep copy runs alike."""
+    import copy
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    model = tiny_t5()
+    encoder_ids, decoder_ids = ids(300), ids(30, seed=2)
+    rope_ext.patch(model, "t5_bucket_extend:factor=8")
+    model.save_pretrained(tmp_path / "base")
+    copied = copy.deepcopy(model)
+    assert torch.equal(forward(copied, encoder_ids, decoder_ids), forward(model, encoder_ids, decoder_ids))
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q", "v"], modules_to_save=["rope_ext"]))
+    peft_model.train()
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        loss = peft_model(input_ids=encoder_ids, decoder_input_ids=decoder_ids, labels=decoder_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    peft_model.eval()
+    trained = peft_model.base_model.model.rope_ext.modules_to_save["default"].t5_bucket_extend.tables[0].weight
+    assert not torch.equal(trained[16:22], trained[15].expand(6, 4))  # the new rows moved apart
+    expected = forward(peft_model, encoder_ids, decoder_ids)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(rope_ext.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    torch.testing.assert_close(forward(reloaded, encoder_ids, decoder_ids), expected, rtol=0, atol=1e-6)
+
+
+def test_a_part_of_a_patched_model_or_a_stack_alone_is_refused():
+    """A patch on a part of a patched model would hide from get_patch, save and unpatch of the whole; T5's stacks
+    keep their own copy of the config, so a patch of one alone would not be saved."""
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_scale:factor=2")
+    with pytest.raises(RuntimeError, match=r"part of this model \('block.0.layer.0.SelfAttention.compute_bias'\) is "
+                                           r"already patched by rope_ext through a model that contains it"):
+        rope_ext.patch(model.decoder, "t5_bucket_extend:factor=2")
+    with pytest.raises(RuntimeError, match=r"not patched itself, but part of it \('block.0.layer.0.SelfAttention"):
+        rope_ext.unpatch(model.encoder)
+    rope_ext.unpatch(model)
+    with pytest.raises(ValueError, match=r"t5: patch the whole model, not its T5Stack"):
+        rope_ext.patch(model.encoder, "t5_bucket_scale:factor=2")
+    assert rope_ext.get_patch(model) is None
+
+
+def test_a_reloaded_table_unpatches_without_discarding_and_a_failed_exit_keeps_the_bodys_error(tmp_path):
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_extend:factor=4")
+    with torch.no_grad():
+        model.rope_ext.t5_bucket_extend.tables[0].weight.normal_()  # (trained)
+    model.save_pretrained(tmp_path)
+    restored = rope_ext.from_pretrained(tmp_path)
+    rope_ext.unpatch(restored)  # (its values are the saved ones: nothing trained since it was loaded)
+    with pytest.raises(KeyError, match="the body's") as raised:
+        with rope_ext.patched(tiny_t5(), "t5_bucket_extend:factor=4") as patched:
+            with torch.no_grad():
+                patched.rope_ext.t5_bucket_extend.tables[1].weight.add_(1.0)
+            raise KeyError("the body's")
+    assert any("could not unpatch on the way out; the model is still patched" in n for n in raised.value.__notes__)
+
+
+def test_a_factor_beyond_int64_runs_as_a_float():
+    model = tiny_t5()
+    encoder_ids, decoder_ids = ids(100), ids(10, seed=2)
+    with rope_ext.patched(model, "t5_bucket_scale", factor=2**70):  # every distance in bucket 0
+        huge = forward(model, encoder_ids, decoder_ids)
+    with rope_ext.patched(model, "t5_bucket_scale", factor=1e6):
+        assert torch.equal(forward(model, encoder_ids, decoder_ids), huge)
