@@ -4,7 +4,7 @@ Families that differ only by their rotary class are rows of the table in ``rotar
 behaviour of its own is a module here that calls ``register_family``, plus one import line below.
 """
 
-from rope_ext.patches import deberta, gpt2, opt, rotary, t5  # noqa: F401  (registers the families)
+from rope_ext.patches import deberta, gpt2, opt, rotary, t5, xlnet  # noqa: F401  (registers the families)
 from rope_ext.patches.base import (
     CONFIG_KEY,
     FamilyAdapter,

@@ -25,6 +25,7 @@ from torch import nn
 from rope_ext.hooks.attention import installed_programs
 from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
 from rope_ext.hooks.buckets import BucketBias, RelativePositions
+from rope_ext.hooks.distances import ScaledDistances
 from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs, methods_with_hooks
 from rope_ext.methods.base import get_method_class
@@ -241,7 +242,8 @@ def summary(model: nn.Module) -> str:
     for name, module in owner.named_modules():
         if isinstance(module, RopeExtModule) and not isinstance(module, PatchParameters):  # a replaced module
             lines.append(f"  {name}: {type(module).__name__}({module.extra_repr()})")
-        for attribute, kind in (("compute_bias", BucketBias), ("get_rel_pos", RelativePositions)):
+        for attribute, kind in (("compute_bias", BucketBias), ("get_rel_pos", RelativePositions),
+                                ("positional_embedding", ScaledDistances)):
             if isinstance(vars(module).get(attribute), kind):  # buckets or positions read through the method
                 lines.append(f"  {name}.{attribute}: {vars(module)[attribute]!r}")
     programs: dict[str, list[int]] = {}

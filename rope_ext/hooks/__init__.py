@@ -24,6 +24,7 @@ from rope_ext.hooks.wrapper import WrapperInstaller
 from rope_ext.hooks.absolute import AbsoluteInstaller, AbsoluteSite, PositionTable
 from rope_ext.hooks.bias import BiasInstaller, PositionBias
 from rope_ext.hooks.buckets import BucketInstaller, BucketSite, LogBucketInstaller, LogBucketSite
+from rope_ext.hooks.distances import DistanceInstaller, DistanceSite
 from rope_ext.hooks.pair_scale import PairScaleInstaller
 from rope_ext.hooks.params import PARAMS_ATTR, OwnedModule, PatchParameters, own
 
@@ -33,6 +34,8 @@ __all__ = [
     "BiasInstaller",
     "BucketInstaller",
     "BucketSite",
+    "DistanceInstaller",
+    "DistanceSite",
     "LogBucketInstaller",
     "LogBucketSite",
     "PositionBias",

@@ -21,6 +21,7 @@ from rope_ext.methods.base import (
     HOOK_BIAS,
     HOOK_BUCKET,
     HOOK_LOG_BUCKET,
+    HOOK_DISTANCE,
     HOOK_FREQUENCY,
     HOOK_PAIR_SCALE,
     MethodConfig,
@@ -42,6 +43,7 @@ from rope_ext.methods.buckets import (
     deberta_log_bucket,
     t5_bucket,
 )
+from rope_ext.methods.distances import DistanceConfig, XlnetClampConfig, XlnetInterpConfig
 from rope_ext.methods.biases import AlibiConfig, BiasConfig, FireConfig, KerpleConfig, SandwichConfig, alibi_slopes
 from rope_ext.methods.xpos import XposConfig, xpos_zeta
 from rope_ext.methods.frequency import (
@@ -60,6 +62,10 @@ from rope_ext.methods.frequency import (
 __all__ = [
     "HOOK_BUCKET",
     "HOOK_LOG_BUCKET",
+    "HOOK_DISTANCE",
+    "DistanceConfig",
+    "XlnetClampConfig",
+    "XlnetInterpConfig",
     "DebertaBucketScaleConfig",
     "DebertaBucketStretchConfig",
     "LogBucketConfig",

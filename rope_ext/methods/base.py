@@ -35,6 +35,8 @@ HOOK_PAIR_SCALE = "pair_scale"
 HOOK_BUCKET = "bucket"
 #: The hook kind of DeBERTa's log-bucketed relative positions remapped (``rope_ext.methods.buckets``).
 HOOK_LOG_BUCKET = "log_bucket"
+#: The hook kind of XLNet's sinusoidal relative distances remapped (``rope_ext.methods.distances``).
+HOOK_DISTANCE = "distance"
 
 _METHODS: Registry[type[MethodConfig]] = Registry("method", "valid methods")
 
@@ -132,8 +134,8 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
 #: computed with it, then what scales it, then what wraps the whole call (its installer sees the others' terms);
 #: kinds not listed follow in the order given
 HOOK_ORDER = (
-    HOOK_FREQUENCY, HOOK_ABSOLUTE, HOOK_BUCKET, HOOK_LOG_BUCKET, HOOK_BIAS, HOOK_ATTENTION, HOOK_PAIR_SCALE,
-    HOOK_QUERY_SCALE, HOOK_WRAPPER,
+    HOOK_FREQUENCY, HOOK_ABSOLUTE, HOOK_BUCKET, HOOK_LOG_BUCKET, HOOK_DISTANCE, HOOK_BIAS, HOOK_ATTENTION,
+    HOOK_PAIR_SCALE, HOOK_QUERY_SCALE, HOOK_WRAPPER,
 )
 
 

@@ -1,0 +1,69 @@
+"""XLNet's relative positions (Transformer-XL's sinusoids of the distance) read past the trained distances.
+
+XLNet (Yang et al. 2019) embeds each relative distance ``d`` (from ``klen`` down to ``-qlen``) as Transformer-XL's
+sinusoid ``[sin(d w), cos(d w)]``, ``w_k = 10000^(-2k/d_model)``, projected per layer with two learned biases
+(``r_w_bias``, ``r_r_bias``); the sinusoid itself has no table and takes any distance, but a model trained at ``N``
+tokens has never seen distances past ``N``. Its own ``clamp_len`` (config; ``-1``: none) clamps them.
+
+* ``xlnet_interp`` -- relative-position interpolation: the distances divided by ``factor`` before the sinusoid
+  (PI's idea on XLNet's positions), so ``factor x N`` tokens see distances up to ``N``.
+* ``xlnet_clamp`` -- every distance beyond ``clamp_len`` read as ``clamp_len`` (XLNet's own option, set on a loaded
+  model): nearby tokens keep their exact distances, far ones look ``clamp_len`` away.
+
+Pure math: imports torch, never transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from rope_ext.methods.base import HOOK_DISTANCE, MethodConfig, register_method
+from rope_ext.methods.buckets import _check_factor
+
+
+class DistanceConfig(MethodConfig):
+    """Base of the methods on XLNet's distances (hook kind ``distance``): ``distances(d)`` is what the sinusoid
+    reads, ``clamp`` the clamp the model applies first (``None``: the model's own)."""
+
+    hook: ClassVar[str] = HOOK_DISTANCE
+    clamp: ClassVar[int | None] = None
+
+    def distances(self, distance: torch.Tensor) -> torch.Tensor:
+        return distance
+
+
+@register_method
+@dataclass(frozen=True)
+class XlnetInterpConfig(DistanceConfig):
+    """XLNet's distances divided by ``factor`` before the sinusoid."""
+
+    method: ClassVar[str] = "xlnet_interp"
+
+    factor: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_factor(self.method, self.factor)
+
+    def distances(self, distance):
+        return distance / float(self.factor)
+
+
+@register_method
+@dataclass(frozen=True)
+class XlnetClampConfig(DistanceConfig):
+    """XLNet's distances clamped at ``clamp_len`` (its own ``clamp_len``, set on a loaded model)."""
+
+    method: ClassVar[str] = "xlnet_clamp"
+
+    clamp_len: int | None = None
+
+    def __post_init__(self) -> None:
+        value = self.clamp_len
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{self.method}: clamp_len must be an int >= 1 (the longest distance kept, e.g. "
+                f"xlnet_clamp:clamp_len=512), got {value!r}"
+            )
