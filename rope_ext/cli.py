@@ -308,6 +308,7 @@ def _load(args: argparse.Namespace):
             f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
             "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
         ) from None
+    _check_causal(args.model, model)
     from rope_ext.eval.run import keep_saved_patch
 
     saved = keep_saved_patch(model, getattr(args, "methods", {}))
@@ -316,6 +317,18 @@ def _load(args: argparse.Namespace):
               "unpatched model ('saved' in --methods: as saved, with its parameters)")
     native = model.config.max_position_embeddings
     return model, tokenizer, native
+
+
+def _check_causal(name: str, model: Any) -> None:
+    """The evaluations score next-token predictions: a model that is not a causal LM is refused by name."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = {c for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for c in ((v,) if isinstance(v, str) else v)}
+    if type(model).__name__ not in causal:
+        raise ValueError(
+            f"--model {name!r} is a {type(model).__name__}, not a causal language model: rope-ext eval scores next-token "
+            "predictions (a ...ForCausalLM); T5's span-corruption and DeBERTa's masked-LM evaluations are not there yet"
+        )
 
 
 def _model_name(model: str) -> str:

@@ -321,3 +321,13 @@ def test_a_factor_beyond_int64_runs_as_a_float():
         huge = forward(model, encoder_ids, decoder_ids)
     with rope_ext.patched(model, "t5_bucket_scale", factor=1e6):
         assert torch.equal(forward(model, encoder_ids, decoder_ids), huge)
+
+
+def test_the_evaluation_refuses_a_model_that_is_not_a_causal_lm():
+    from rope_ext.cli import _check_causal
+
+    with pytest.raises(ValueError, match=r"--model 'folder' is a T5ForConditionalGeneration, not a causal language model"):
+        _check_causal("folder", tiny_t5())
+    from tiny import tiny_model
+
+    _check_causal("folder", tiny_model("llama"))
