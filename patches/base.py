@@ -25,6 +25,8 @@ class FamilyAdapter(ABC):
     name: str
     #: the site kinds ``locate`` can return for this family
     site_kinds: frozenset[str]
+    #: whether the family's models predict the next token from the ones before (what ``rope-ext eval`` scores)
+    causal: bool = True
 
     @property
     def hooks(self) -> frozenset[str]:

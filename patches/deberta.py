@@ -1,8 +1,9 @@
 """DeBERTa-v2 and v3 (``deberta-v2``): disentangled attention over log-bucketed relative positions, computed once
 per forward by the encoder (``DebertaV2Encoder.get_rel_pos``); the site of the ``log_bucket`` methods.
 
-A model that also adds an absolute position table (``position_biased_input=True``, DeBERTa-v2's default; v3 turns
-it off) is refused: the table stops it at ``max_position_embeddings`` tokens whatever its relative positions do.
+A model that also adds an absolute position table (``position_biased_input=True``, the config class's default;
+v3 turns it off) is refused: the table stops it at ``max_position_embeddings`` tokens whatever its relative
+positions do.
 A model without relative attention has nothing for these methods.
 """
 
@@ -20,6 +21,7 @@ _MODULE = "transformers.models.deberta_v2.modeling_deberta_v2"
 class DebertaV2Family(FamilyAdapter):
     name = "deberta_v2"
     site_kinds = frozenset({LogBucketSite.kind})
+    causal = False
 
     def matches(self, model: nn.Module) -> bool:
         return bool(modules_deriving_from(model, _MODULE, "DebertaV2Encoder"))
@@ -32,6 +34,8 @@ class DebertaV2Family(FamilyAdapter):
             )
         encoder = encoders[0]
         config = getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"{self.name}: patch the whole model, not its {type(model).__name__} (it has no config)")
         if not encoder.relative_attention:
             raise ValueError(f"{self.name}: this model has no relative attention (relative_attention=False)")
         layers = [m for m in encoder.modules() if hasattr(m, "pos_att_type")]

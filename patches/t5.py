@@ -20,6 +20,7 @@ class BucketFamily(FamilyAdapter):
     tables."""
 
     site_kinds = frozenset({BucketSite.kind})
+    causal = False
 
     def __init__(self, name: str, module: str, class_name: str) -> None:
         self.name = name
@@ -33,17 +34,19 @@ class BucketFamily(FamilyAdapter):
         return bool(self._attention(model))
 
     def locate(self, model: nn.Module) -> Sites:
-        if type(model).__name__.endswith("Stack") and type(model).__module__ == self.module:
+        from transformers import PreTrainedModel
+
+        stack = type(model).__name__.endswith("Stack") and type(model).__module__ == self.module
+        if stack or not isinstance(model, PreTrainedModel):
             raise ValueError(
-                f"{self.name}: patch the whole model, not its {type(model).__name__} ({type(model).__name__} keeps its "
-                "own copy of the config, so a patch recorded there would not be saved with the model)"
+                f"{self.name}: patch the whole model, not its {type(model).__name__} (a part has no config of its own, "
+                "or, a stack, its own copy of it: a patch recorded there would not be saved with the model)"
             )
         found = {id(m) for m in self._attention(model) if getattr(m, "has_relative_attention_bias", False)}
         tables = [m for m in model.modules() if id(m) in found]  # (in the model's order: encoder first)
         if not tables:
             raise ValueError(f"{self.name}: found no attention module with a relative-position bias table")
-        config = getattr(model, "config", None) or tables[0].config
-        return Sites(config, {BucketSite.kind: [BucketSite(self.name, tables)]}, model)
+        return Sites(model.config, {BucketSite.kind: [BucketSite(self.name, tables)]}, model)
 
 
 for _name, _module, _class in [

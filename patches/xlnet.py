@@ -15,6 +15,7 @@ _MODULE = "transformers.models.xlnet.modeling_xlnet"
 class XLNetFamily(FamilyAdapter):
     name = "xlnet"
     site_kinds = frozenset({DistanceSite.kind})
+    causal = False  # (without a permutation mask its attention sees both ways)
 
     def matches(self, model: nn.Module) -> bool:
         return bool(modules_deriving_from(model, _MODULE, "XLNetModel"))
@@ -23,7 +24,9 @@ class XLNetFamily(FamilyAdapter):
         found = modules_deriving_from(model, _MODULE, "XLNetModel")
         if len(found) != 1:
             raise ValueError(f"{self.name}: found {len(found)} XLNetModel modules; rope_ext patches a model with one")
-        config = getattr(model, "config", None) or found[0].config
+        config = getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"{self.name}: patch the whole model, not its {type(model).__name__} (it has no config)")
         return Sites(config, {DistanceSite.kind: [DistanceSite(self.name, found[0])]}, model)
 
 

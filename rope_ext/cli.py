@@ -320,14 +320,18 @@ def _load(args: argparse.Namespace):
 
 
 def _check_causal(name: str, model: Any) -> None:
-    """The evaluations score next-token predictions: a model that is not a causal LM is refused by name."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """The evaluations score next-token predictions: a model of a family that is not causal (T5, DeBERTa, XLNet,
+    whose attention sees both ways without a permutation mask) or an encoder-decoder is refused by name."""
+    from rope_ext.patches import find_family
 
-    causal = {c for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for c in ((v,) if isinstance(v, str) else v)}
-    if type(model).__name__ not in causal:
+    try:
+        causal = find_family(model).causal
+    except ValueError:  # (no family of rope_ext's: evaluated unpatched, as a causal LM if it is one)
+        causal = True
+    if not causal or getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(
-            f"--model {name!r} is a {type(model).__name__}, not a causal language model: rope-ext eval scores next-token "
-            "predictions (a ...ForCausalLM); T5's span-corruption and DeBERTa's masked-LM evaluations are not there yet"
+            f"--model {name!r} is a {type(model).__name__}, not a causal language model: rope-ext eval scores "
+            "next-token predictions; T5's span-corruption and DeBERTa's masked-LM evaluations are not there yet"
         )
 
 

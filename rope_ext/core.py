@@ -24,8 +24,6 @@ from torch import nn
 
 from rope_ext.hooks.attention import installed_programs
 from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
-from rope_ext.hooks.buckets import BucketBias, RelativePositions
-from rope_ext.hooks.distances import ScaledDistances
 from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs, methods_with_hooks
 from rope_ext.methods.base import get_method_class
@@ -242,10 +240,8 @@ def summary(model: nn.Module) -> str:
     for name, module in owner.named_modules():
         if isinstance(module, RopeExtModule) and not isinstance(module, PatchParameters):  # a replaced module
             lines.append(f"  {name}: {type(module).__name__}({module.extra_repr()})")
-        for attribute, kind in (("compute_bias", BucketBias), ("get_rel_pos", RelativePositions),
-                                ("positional_embedding", ScaledDistances)):
-            if isinstance(vars(module).get(attribute), kind):  # buckets or positions read through the method
-                lines.append(f"  {name}.{attribute}: {vars(module)[attribute]!r}")
+        for attribute, value in _installed_attributes(module):  # a method of the module replaced by the patch
+            lines.append(f"  {name}.{attribute}: {value!r}")
     programs: dict[str, list[int]] = {}
     for module, program in installed_programs(owner):
         key = f"{program.layer_type or 'layers'}: {program.describe()}"
@@ -338,10 +334,15 @@ def _replaced_part(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
         if isinstance(module, RopeExtModule):
             return name or "the module itself"
-        attribute = next((k for k, v in vars(module).items() if isinstance(v, RopeExtCallable)), None)
+        attribute = next((k for k, _ in _installed_attributes(module)), None)
         if attribute is not None:
             return f"{name}.{attribute}" if name else attribute
     return None
+
+
+def _installed_attributes(module: nn.Module):
+    """``(attribute, value)`` for each of ``module``'s methods that rope_ext replaced by an attribute."""
+    return [(k, v) for k, v in vars(module).items() if isinstance(v, RopeExtCallable)]
 
 
 def _describe(methods: tuple[MethodConfig, ...]) -> MethodConfig | tuple[MethodConfig, ...]:

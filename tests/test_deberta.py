@@ -162,7 +162,7 @@ def test_bad_input_is_refused_and_the_model_untouched(overrides, spec, message):
     assert torch.equal(logits(model, input_ids), base)
 
 
-def test_a_t5_method_on_deberta_and_a_deberta_method_on_t5_name_what_fits():
+def test_a_deberta_method_on_t5_names_what_fits():
     from test_t5 import tiny_t5
 
     with pytest.raises(ValueError, match=r"which family 't5' does not support; methods for t5: t5_bucket_extend"):
@@ -182,3 +182,6 @@ def test_a_part_of_a_patched_deberta_is_refused():
     with pytest.raises(RuntimeError, match=r"part of this model \('encoder.get_rel_pos'\) is already patched"):
         rope_ext.patch(model.deberta, "deberta_bucket_stretch:factor=4")
     assert rope_ext.get_patch(model) == DebertaBucketScaleConfig(factor=4)
+    rope_ext.unpatch(model)
+    with pytest.raises(ValueError, match=r"deberta_v2: patch the whole model, not its DebertaV2Encoder"):
+        rope_ext.patch(model.deberta.encoder, "deberta_bucket_scale:factor=4")

@@ -19,11 +19,12 @@ CONFIGS = {"t5": T5Config, "mt5": MT5Config, "umt5": UMT5Config}
 
 
 def tiny_t5(family: str = "t5", seed: int = 0, **overrides):
-    config = CONFIGS[family](
+    options = dict(
         vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=32, relative_attention_max_distance=128, decoder_start_token_id=0,
-        pad_token_id=0, eos_token_id=1, dropout_rate=0.0, **overrides,
+        pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
     )
+    config = CONFIGS[family](**(options | overrides))
     torch.manual_seed(seed)
     model = AutoModelForSeq2SeqLM.from_config(config).eval()
     with torch.no_grad():  # (a tiny model's bias table starts near zero: make the buckets matter)
@@ -158,16 +159,31 @@ def test_the_patched_bias_is_transformers_bias_on_divided_distances(family):
         assert torch.equal(module.compute_bias(q, k, past_seen_tokens=past), expected)
 
 
-def test_generation_with_the_cache_equals_the_full_forward():
+@pytest.mark.parametrize(("spec", "new_tokens"), [("t5_bucket_scale:factor=2", 6), ("t5_bucket_extend:factor=8", 130)])
+def test_generation_with_the_cache_equals_the_full_forward(spec, new_tokens):
+    """Extend with a trained (random) grown table, decoding past the decoder's old reach (113)."""
     model = tiny_t5()
     encoder_ids = ids(260)
+    rope_ext.patch(model, spec)
+    container = getattr(model, "rope_ext", None)
     with torch.no_grad():
-        rope_ext.patch(model, "t5_bucket_scale:factor=2")
-        out = model.generate(encoder_ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True)
+        if container is not None:
+            container.t5_bucket_extend.tables[1].weight.normal_()
+        out = model.generate(encoder_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
     full = forward(model, encoder_ids, out.sequences[:, :-1])
     for step, step_logits in enumerate(out.logits):
         torch.testing.assert_close(step_logits, full[:, step], rtol=0, atol=1e-5)
+
+
+def test_an_odd_bucket_count_grows_and_starts_as_the_original():
+    model = tiny_t5(relative_attention_num_buckets=33)  # encoder 16 per direction (33 // 2), decoder 33
+    encoder_ids, decoder_ids = ids(300), ids(150, seed=2)
+    base = forward(model, encoder_ids, decoder_ids)
+    with rope_ext.patched(model, "t5_bucket_extend:factor=8") as patched:
+        # (decoder: 33 - 16 = 17 log buckets over ln 8, 17 more for 8x)
+        assert [t.weight.shape[0] for t in patched.rope_ext.t5_bucket_extend.tables] == [2 * 22, 33 + 17]
+        assert torch.equal(forward(model, encoder_ids, decoder_ids), base)
 
 
 def test_a_padded_batch_row_equals_the_row_alone():
@@ -265,6 +281,9 @@ def test_a_grown_table_trains_through_peft_and_a_patched_model_copies(tmp_path):
     model.save_pretrained(tmp_path / "base")
     copied = copy.deepcopy(model)
     assert torch.equal(forward(copied, encoder_ids, decoder_ids), forward(model, encoder_ids, decoder_ids))
+    with torch.no_grad():  # (the copy reads its own tables, not the original's)
+        copied.rope_ext.t5_bucket_extend.tables[0].weight.normal_()
+    assert not torch.equal(forward(copied, encoder_ids, decoder_ids), forward(model, encoder_ids, decoder_ids))
     peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q", "v"], modules_to_save=["rope_ext"]))
     peft_model.train()
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
@@ -295,6 +314,8 @@ def test_a_part_of_a_patched_model_or_a_stack_alone_is_refused():
     rope_ext.unpatch(model)
     with pytest.raises(ValueError, match=r"t5: patch the whole model, not its T5Stack"):
         rope_ext.patch(model.encoder, "t5_bucket_scale:factor=2")
+    with pytest.raises(ValueError, match=r"t5: patch the whole model, not its T5Block"):
+        rope_ext.patch(model.encoder.block[0], "t5_bucket_scale:factor=2")
     assert rope_ext.get_patch(model) is None
 
 
@@ -324,10 +345,13 @@ def test_a_factor_beyond_int64_runs_as_a_float():
 
 
 def test_the_evaluation_refuses_a_model_that_is_not_a_causal_lm():
-    from rope_ext.cli import _check_causal
-
-    with pytest.raises(ValueError, match=r"--model 'folder' is a T5ForConditionalGeneration, not a causal language model"):
-        _check_causal("folder", tiny_t5())
+    from test_deberta import tiny_deberta
+    from test_xlnet import tiny_xlnet
     from tiny import tiny_model
 
-    _check_causal("folder", tiny_model("llama"))
+    from rope_ext.cli import _check_causal
+
+    for model in (tiny_t5(), tiny_deberta(), tiny_xlnet()):  # (XLNet's attention sees both ways without a perm_mask)
+        with pytest.raises(ValueError, match=rf"--model 'f' is a {type(model).__name__}, not a causal language model"):
+            _check_causal("f", model)
+    _check_causal("f", tiny_model("llama"))

@@ -120,6 +120,9 @@ def test_an_attention_method_may_state_the_length_a_frequency_method_extends_to(
          rf"exceeds the model's original context {L} \(from its config\); valid: 2..{L}"),
         (f"dynamic_ntk:factor=2+dca:original_max_position_embeddings={2 * L}",
          rf"exceeds the model's original context {L} \(from its config\); valid: 2..{L}"),
+        # (a rotation that reaches less than the checkpoint: yarn x1.5 from L/2 handles 3L/4)
+        (f"yarn:factor=1.5:original_max_position_embeddings={L // 2}+dca:original_max_position_embeddings={L}",
+         rf"dca: original_max_position_embeddings={L} exceeds the context {3 * L // 4} that yarn:factor=1.5 handles"),
     ]:
         with pytest.raises(ValueError, match=message):
             rope_ext.patch(model, bad)

@@ -61,7 +61,8 @@ def test_interpolation_embeds_the_divided_distances(bi_data, factor, own_clamp):
     assert model.transformer.clamp_len == (own_clamp or -1) and "positional_embedding" not in vars(model.transformer)
 
 
-def test_clamping_is_transformers_clamp_len():
+def test_clamping_is_transformers_clamp_len(tmp_path):
+    """Also written into the config (transformers' own field): a plain from_pretrained of the saved model clamps."""
     model = tiny_xlnet()
     reference = tiny_xlnet(clamp_len=40)
     reference.load_state_dict(model.state_dict())
@@ -69,6 +70,15 @@ def test_clamping_is_transformers_clamp_len():
     base = logits(model, input_ids)
     with rope_ext.patched(model, "xlnet_clamp:clamp_len=40"):
         assert torch.equal(logits(model, input_ids), logits(reference, input_ids))
+        assert model.config.clamp_len == 40
+        line = "  transformer.positional_embedding: xlnet_clamp(clamp_len=40) distances"
+        assert rope_ext.summary(model).splitlines()[1] == line
+        model.save_pretrained(tmp_path)
+        with pytest.raises(RuntimeError, match=r"part of this model \('positional_embedding'\) is already patched"):
+            rope_ext.patch(model.transformer, "xlnet_clamp:clamp_len=4")
+    assert model.config.clamp_len == -1
+    plain = XLNetLMHeadModel.from_pretrained(tmp_path).eval()
+    assert torch.equal(logits(plain, input_ids), logits(reference, input_ids))
     assert (logits(reference, input_ids) - base).abs().max() > 1e-5
     assert torch.equal(logits(model, input_ids), base)
 

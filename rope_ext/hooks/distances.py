@@ -3,8 +3,10 @@
 ``XLNetModel.relative_positional_encoding`` builds the distances of a forward (``klen .. -qlen``, both directions
 with ``bi_data``), clamps them at the model's ``clamp_len`` and embeds them with ``positional_embedding(pos_seq,
 inv_freq, bsz)``. The installer sets ``positional_embedding`` on the model to a ``ScaledDistances`` (the same
-sinusoid at the method's distances, clamped after at the model's own ``clamp_len`` if it has one), or ``clamp_len``
-to the method's: attributes of the instance, put back by ``unpatch``; the weights are untouched.
+sinusoid at the method's distances, then clamped: at ``xlnet_clamp``'s ``clamp_len``, else at the model's own if it has
+one) and the model's ``clamp_len`` to -1: attributes of the instance, put back by ``unpatch``; the weights are
+untouched. ``xlnet_clamp`` also writes its ``clamp_len`` into the config (transformers' own field, so a plain
+``from_pretrained`` of a saved model clamps too).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class ScaledDistances(RopeExtCallable):
         return self.embed(distances, inv_freq, bsz)
 
     def __repr__(self) -> str:
-        return f"{self.method.method}(factor={self.method.factor:g}) distances"
+        options = ", ".join(f"{k}={v:g}" for k, v in self.method.to_dict().items() if k != "method")
+        return f"{self.method.method}({options}) distances"
 
 
 class DistanceInstaller(HookInstaller):
@@ -57,13 +60,13 @@ class DistanceInstaller(HookInstaller):
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, DistanceConfig)
         for site in builder.sites.get(DistanceSite.kind):
-            if isinstance(method, XlnetClampConfig):
-                builder.edit(site.model, "clamp_len", method.clamp_len)
-            else:
-                embed = type(site.model).positional_embedding  # (a staticmethod: the plain function)
-                # (the model's own clamp moves after the method: it clamps the distances the sinusoid reads)
-                builder.edit(site.model, "positional_embedding", ScaledDistances(embed, method, site.model.clamp_len))
-                builder.edit(site.model, "clamp_len", -1)
+            clamp = method.clamp_len if isinstance(method, XlnetClampConfig) else site.model.clamp_len
+            if isinstance(method, XlnetClampConfig):  # (transformers' own field: saved, a plain reload clamps too)
+                builder.edit_config(builder.sites.config, "clamp_len", clamp)
+            embed = type(site.model).positional_embedding  # (a staticmethod: the plain function)
+            # the clamp moves after the method: it clamps the distances the sinusoid reads
+            builder.edit(site.model, "positional_embedding", ScaledDistances(embed, method, clamp))
+            builder.edit(site.model, "clamp_len", -1)
 
 
 register_hook(DistanceInstaller())

@@ -39,9 +39,9 @@ class PositionRuleInstaller(HookInstaller):
                 spec = rotation.rotary.specs[term.layer_type]
                 within = round(frequency.factor * spec.original_max_position_embeddings)
             # a stated L may reach what the rotation handles: DCA with 16k chunks on yarn:factor=2 of an 8k model
-            extended = term.native is not None and within > term.native
+            static = frequency is not None and not frequency.dynamic
             check_length_within(method.method, method.original_max_position_embeddings,
-                                within if extended else term.native, frequency if extended else None)
+                                within if static else term.native, frequency if static else None)
             term.rule = method.resolved(term.original)
             mscale = getattr(term.rule, "mscale", False)
             if mscale:

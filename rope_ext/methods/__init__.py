@@ -20,9 +20,9 @@ from rope_ext.methods.base import (
     HOOK_ABSOLUTE,
     HOOK_BIAS,
     HOOK_BUCKET,
-    HOOK_LOG_BUCKET,
     HOOK_DISTANCE,
     HOOK_FREQUENCY,
+    HOOK_LOG_BUCKET,
     HOOK_PAIR_SCALE,
     MethodConfig,
     get_method_class,
@@ -33,6 +33,7 @@ from rope_ext.methods.base import (
     register_method,
     unregister_method,
 )
+from rope_ext.methods.biases import AlibiConfig, BiasConfig, FireConfig, KerpleConfig, SandwichConfig, alibi_slopes
 from rope_ext.methods.buckets import (
     BucketConfig,
     DebertaBucketScaleConfig,
@@ -44,7 +45,6 @@ from rope_ext.methods.buckets import (
     t5_bucket,
 )
 from rope_ext.methods.distances import DistanceConfig, XlnetClampConfig, XlnetInterpConfig
-from rope_ext.methods.biases import AlibiConfig, BiasConfig, FireConfig, KerpleConfig, SandwichConfig, alibi_slopes
 from rope_ext.methods.xpos import XposConfig, xpos_zeta
 from rope_ext.methods.frequency import (
     DynamicNTKConfig,

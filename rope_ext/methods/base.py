@@ -269,6 +269,17 @@ def check_positive(method: str, name: str, value: Any, *, allow_none: bool = Fal
         raise ValueError(f"{method}: {name} must be a finite number > 0, got {value!r}")
 
 
+def check_factor(method: str, factor: Any, what: str = "the distances it covers") -> None:
+    """A required ``factor >= 1`` (1: the identity)."""
+    if factor is None:
+        raise ValueError(f"{method}: factor is required (e.g. {method}:factor=4; factor 1 is the identity)")
+    check_positive(method, "factor", factor)
+    if factor < 1:
+        raise ValueError(
+            f"{method}: factor must be >= 1 (1 is the identity), got {factor!r}; a factor below 1 would shrink {what}"
+        )
+
+
 def check_length_within(method: str, requested: int | None, native: int | None, extended_by: Any = None) -> None:
     """A stated ``L`` may not exceed the model config's original context, or, for a rule on an extended rotation
     (``extended_by``, the frequency method), the context that rotation handles (``native`` is then that one)."""

@@ -6,7 +6,8 @@ bucket of the relative position ``rel = j - i`` (key minus query). Per direction
 the causal decoder, where only ``rel <= 0`` occurs); ``e = n // 2`` of them hold the distances ``r = |rel| < e``
 exactly, the others ``e + trunc(ln(r / e) / ln(D / e) * (n - e))``, capped at ``n - 1`` (``D = max_distance``,
 128). The last bucket so holds every distance from ``e (D / e)^((n - 1 - e) / (n - e))`` on: 91 for t5's 32
-buckets, whatever the length.
+buckets, whatever the length. The methods below are rope_ext's own (PI's division of distances, and a longer reach at
+the same resolution, applied to buckets; no paper proposes them as such).
 
 * ``t5_bucket_scale`` -- distances divided by ``factor`` before bucketing: the bucket of ``floor(r / factor)``
   with the sign kept, the learned table as it is. A model trained at ``N`` tokens sees at ``factor x N`` the
@@ -24,8 +25,9 @@ buckets, whatever the length.
 DeBERTa-v2/v3 (He et al. 2021; ``make_log_bucket_position``) buckets the relative position ``rel = i - j``
 (query minus key) itself: with ``mid = position_buckets / 2``, distances ``< mid`` are kept, larger ones become
 ``sign(rel) (mid + ceil(ln(r / mid) / ln((P - 1) / mid) (mid - 1)))``, ``P = max_relative_positions`` (512 for
-v3), so ``r = P - 1`` reaches bucket ``2 mid - 1`` and every longer distance is clamped there by the attention
-(content-to-position and position-to-content alike: both read these positions). Without buckets
+v3), so ``r = P - 1`` reaches bucket ``2 mid - 1``, and the attention clamps every bucket to ``-2 mid .. 2 mid - 1``
+(content-to-position and position-to-content alike: both read these positions); keys after the query from ``P``
+on land in ``-2 mid``. Without buckets
 (``position_buckets <= 0``) the distances are used as they are, clamped at ``P``.
 
 * ``deberta_bucket_scale`` -- distances divided by ``factor`` before bucketing: ``sign(rel) floor(r / factor)``.
@@ -46,7 +48,7 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import HOOK_BUCKET, HOOK_LOG_BUCKET, MethodConfig, check_positive, register_method
+from rope_ext.methods.base import HOOK_BUCKET, HOOK_LOG_BUCKET, MethodConfig, check_factor, register_method
 
 
 def t5_bucket(
@@ -73,20 +75,12 @@ def t5_bucket(
     return buckets + torch.where(small, distance, large)
 
 
-def _exact(tensor: torch.Tensor) -> torch.dtype:
-    """float64 for dividing distances (float32 where the device has no float64: Apple's MPS)."""
-    return torch.float32 if tensor.device.type == "mps" else torch.float64
-
-
-def _check_factor(method: str, factor: float | None) -> None:
-    if factor is None:
-        raise ValueError(f"{method}: factor is required (e.g. {method}:factor=4; factor 1 is the identity)")
-    check_positive(method, "factor", factor)
-    if factor < 1:
-        raise ValueError(
-            f"{method}: factor must be >= 1 (1 is the identity), got {factor!r}; a factor below 1 would shrink the "
-            "distances the buckets cover"
-        )
+def divided(relative_position: torch.Tensor, factor: float) -> torch.Tensor:
+    """``sign(rel) floor(|rel| / factor)`` (integer tensor in, the same dtype out), in float64 (float32 where the
+    device has none: Apple's MPS)."""
+    exact = torch.float32 if relative_position.device.type == "mps" else torch.float64
+    scaled = torch.floor(relative_position.abs().to(exact) / float(factor)).to(relative_position.dtype)
+    return scaled * torch.sign(relative_position)
 
 
 class BucketConfig(MethodConfig):
@@ -99,7 +93,7 @@ class BucketConfig(MethodConfig):
     grows_table: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _check_factor(self.method, self.factor)
+        check_factor(self.method, self.factor, "the distances the buckets cover")
 
     def per_direction(self, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
         """Rows per direction of the table the patched model reads."""
@@ -128,8 +122,7 @@ class T5BucketScaleConfig(BucketConfig):
     factor: float | None = None
 
     def bucket(self, relative_position, bidirectional, num_buckets, max_distance):
-        scaled = torch.floor(relative_position.abs().to(_exact(relative_position)) / float(self.factor)).to(torch.long)
-        return t5_bucket(scaled * torch.sign(relative_position), bidirectional, num_buckets, max_distance)
+        return t5_bucket(divided(relative_position, self.factor), bidirectional, num_buckets, max_distance)
 
 
 @register_method
@@ -144,7 +137,7 @@ class T5BucketExtendConfig(BucketConfig):
     factor: float | None = None
 
     def per_direction(self, bidirectional, num_buckets, max_distance):
-        n = num_buckets // 2 if bidirectional else num_buckets
+        n = super().per_direction(bidirectional, num_buckets, max_distance)
         exact = n // 2
         if self.factor == 1 or max_distance <= exact:
             return n
@@ -156,7 +149,7 @@ class T5BucketExtendConfig(BucketConfig):
         return t5_bucket(relative_position, bidirectional, num_buckets, max_distance, cap=cap)
 
     def table(self, weight, bidirectional, num_buckets, max_distance):
-        n = num_buckets // 2 if bidirectional else num_buckets
+        n = BucketConfig.per_direction(self, bidirectional, num_buckets, max_distance)  # (the trained table's)
         rows = self.per_direction(bidirectional, num_buckets, max_distance)
         old = torch.arange(rows, device=weight.device).clamp(max=n - 1)  # new bucket b reads old min(b, n - 1)
         if bidirectional:
@@ -187,7 +180,7 @@ class LogBucketConfig(MethodConfig):
     needs_buckets: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _check_factor(self.method, self.factor)
+        check_factor(self.method, self.factor, "the distances the buckets cover")
 
     def distances(self, relative_position: torch.Tensor) -> torch.Tensor:
         return relative_position
@@ -214,9 +207,7 @@ class DebertaBucketScaleConfig(LogBucketConfig):
     factor: float | None = None
 
     def distances(self, relative_position):
-        scaled = torch.floor(relative_position.abs().to(_exact(relative_position)) / float(self.factor))
-        scaled = scaled.to(relative_position.dtype)
-        return scaled * torch.sign(relative_position)
+        return divided(relative_position, self.factor)
 
 
 @register_method

@@ -6,7 +6,8 @@ sinusoid ``[sin(d w), cos(d w)]``, ``w_k = 10000^(-2k/d_model)``, projected per 
 tokens has never seen distances past ``N``. Its own ``clamp_len`` (config; ``-1``: none) clamps them.
 
 * ``xlnet_interp`` -- relative-position interpolation: the distances divided by ``factor`` before the sinusoid
-  (PI's idea on XLNet's positions), so ``factor x N`` tokens see distances up to ``N``.
+  (PI's idea on XLNet's positions; rope_ext's own, no paper proposes it for XLNet), so ``factor x N`` tokens see
+  distances up to ``N``.
 * ``xlnet_clamp`` -- every distance beyond ``clamp_len`` read as ``clamp_len`` (XLNet's own option, set on a loaded
   model): nearby tokens keep their exact distances, far ones look ``clamp_len`` away.
 
@@ -20,16 +21,14 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import HOOK_DISTANCE, MethodConfig, register_method
-from rope_ext.methods.buckets import _check_factor
+from rope_ext.methods.base import HOOK_DISTANCE, MethodConfig, check_factor, register_method
 
 
 class DistanceConfig(MethodConfig):
     """Base of the methods on XLNet's distances (hook kind ``distance``): ``distances(d)`` is what the sinusoid
-    reads, ``clamp`` the clamp the model applies first (``None``: the model's own)."""
+    reads (before the clamp)."""
 
     hook: ClassVar[str] = HOOK_DISTANCE
-    clamp: ClassVar[int | None] = None
 
     def distances(self, distance: torch.Tensor) -> torch.Tensor:
         return distance
@@ -45,7 +44,7 @@ class XlnetInterpConfig(DistanceConfig):
     factor: float | None = None
 
     def __post_init__(self) -> None:
-        _check_factor(self.method, self.factor)
+        check_factor(self.method, self.factor)
 
     def distances(self, distance):
         return distance / float(self.factor)
