@@ -285,7 +285,7 @@ def test_methods_name_shows_options_types_defaults_and_documentation(capsys):
     out = capsys.readouterr().out
     assert "Dual Chunk Attention" in out and "chunk_size" in out and "Defaults ``chunk_size = 3L/4``" in out
     assert main(["methods", "yarm"]) == 2
-    assert "rope-ext: error: unknown method 'yarm'; valid methods: abs_hierarchical, abs_interp, alibi, dca, dynamic_ntk" in capsys.readouterr().err
+    assert "rope-ext: error: unknown method 'yarm'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk" in capsys.readouterr().err
 
 
 # --- 7. every bad value: `rope-ext: error: ...` naming the option, status 2, nothing written -----------

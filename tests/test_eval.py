@@ -419,7 +419,7 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
 def test_cli_bad_input(tmp_path, tiny_checkpoint, capsys):
     checkpoint, text = tiny_checkpoint
     assert main(["eval", "ppl", "--model", str(checkpoint), "--methods", "none,yarnn", "--out", str(tmp_path)]) == 2
-    assert "unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, dynamic_ntk" in capsys.readouterr().err
+    assert "unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk" in capsys.readouterr().err
     assert main(["eval", "ppl", "--model", str(checkpoint), "--methods", "yarn:factor", "--out", str(tmp_path)]) == 2
     assert "malformed method option 'factor' in 'yarn:factor'" in capsys.readouterr().err
     assert main(["eval", "ppl", "--lengths", "4x", "--out", str(tmp_path)]) == 2

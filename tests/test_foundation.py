@@ -305,7 +305,7 @@ def test_factor_below_one_is_refused(method):
         ("llama", ["yarn:factor=2", "pi:factor=2"], {}, ValueError, r"'yarn' and 'pi' are both 'frequency' methods; .*one method per hook"),
         ("llama", ["yarn", "logn"], {"beta": 2.0}, ValueError,
          r"beta is an option of none of the methods combined \(yarn: factor, .*; logn: original_max_position_embeddings\)"),
-        ("llama", [], {}, ValueError, r"give at least one method; valid methods: abs_hierarchical, abs_interp, alibi, dca, dynamic_ntk"),
+        ("llama", [], {}, ValueError, r"give at least one method; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk"),
         ("meta-llama/Llama-3.1-8B", "yarn", {"factor": 2.0}, TypeError,
          r"expects a loaded model .*got str 'meta-llama/Llama-3.1-8B'"),
         ({"model_type": "llama"}, "yarn", {"factor": 2.0}, TypeError, r"expects a loaded model .*got dict"),
@@ -538,7 +538,7 @@ def test_messages_name_site_options_valid_methods_and_the_patched_part():
     with pytest.raises(ValueError, match=r"unknown option\(s\) layer_type; .*site options \(keyword arguments of patch, not part of a method's options\): "
                                          r"layer_types, replace_scaling"):
         rope_ext.patch(model, "yarn", factor=2.0, layer_type=["full_attention"])
-    with pytest.raises(TypeError, match=r"not NoneType None; valid methods: abs_hierarchical, abs_interp, alibi, dca, dynamic_ntk"):
+    with pytest.raises(TypeError, match=r"not NoneType None; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk"):
         rope_ext.patch(model, None)
     rope_ext.patch(model, "yarn", factor=2.0)
     with pytest.raises(RuntimeError, match=r"part of this model \('the module itself'\) is already patched"):

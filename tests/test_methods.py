@@ -238,7 +238,7 @@ def test_bad_factor_is_rejected_with_valid_range(method, factor):
 
 
 def test_unknown_method_lists_valid_methods():
-    with pytest.raises(ValueError, match=r"unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, dynamic_ntk, .*yarn"):
+    with pytest.raises(ValueError, match=r"unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk, .*yarn"):
         make_config("yarnn")
 
 

@@ -254,7 +254,7 @@ def _assert_untouched(model, ids, before):
 @pytest.mark.parametrize(
     ("method", "options", "message"),
     [
-        ("yarnn", {"factor": 2.0}, r"unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, dynamic_ntk, dynamic_yarn, fire, kerple, leaky_rerope, llama3"),
+        ("yarnn", {"factor": 2.0}, r"unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk, dynamic_yarn, fire, kerple, leaky_rerope, llama3"),
         ("yarn", {"factor": 0.0}, r"yarn: factor must be a finite number > 0, got 0.0"),
         ("pi", {"factor": float("nan")}, r"pi: factor must be a finite number > 0, got nan"),
         ("ntk", {"factor": -2}, r"ntk: factor must be a finite number > 0, got -2"),

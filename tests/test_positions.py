@@ -27,8 +27,12 @@ EVERY_METHOD = {
     "s2_attn": {},  # (eval mode: full attention; in training, tests/test_s2attn.py)
     "alibi": {}, "kerple": {}, "sandwich": {}, "fire": {}, "xpos": {"scale_base": 64.0},
 }
-#: methods for learned absolute tables (GPT-2), with jumping ids in tests/test_biases.py
-TABLE_METHODS = {"abs_interp", "abs_hierarchical", "sinusoidal"}
+#: methods for learned absolute tables (GPT-2), with jumping ids in tests/test_biases.py; T5's, DeBERTa's and XLNet's
+#: (no position ids of their own: tests/test_t5.py, test_deberta.py, test_xlnet.py)
+TABLE_METHODS = {"abs_interp", "abs_hierarchical", "sinusoidal"} | {
+    "t5_bucket_scale", "t5_bucket_extend", "deberta_bucket_scale", "deberta_bucket_stretch", "xlnet_interp",
+    "xlnet_clamp",
+}
 PROGRAMS = ["rerope", "leaky_rerope", "self_extend", "string", "dca", "logn", "dynamic_ntk:factor=8:cache_consistent=true",
             "yarn:factor=8+dca", "self_extend:G=4+logn", "alibi", "fire", "xpos:scale_base=64"]
 
