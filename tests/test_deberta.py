@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, DebertaV2Config
 from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+from tiny import VOCAB, logits
+from tiny import input_ids as ids
 
 import rope_ext
 from rope_ext.methods import DebertaBucketScaleConfig, DebertaBucketStretchConfig, deberta_log_bucket, make_config
@@ -18,7 +20,7 @@ DISTANCES = torch.arange(-6000, 6001)
 def tiny_deberta(seed: int = 0, **overrides):
     """DeBERTa-v3-like (no absolute table, shared attention keys, log buckets), 16 buckets over 64 positions."""
     options = dict(
-        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
         relative_attention=True, position_buckets=16, max_relative_positions=64, pos_att_type=["p2c", "c2p"],
         position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True, max_position_embeddings=64,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -33,15 +35,6 @@ def tiny_deberta(seed: int = 0, **overrides):
             layer.attention.self.query_proj.weight.mul_(8)
             layer.attention.self.key_proj.weight.mul_(8)
     return model
-
-
-def ids(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
-    return torch.randint(2, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def logits(model, input_ids, **kwargs) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=input_ids, **kwargs).logits
 
 
 @pytest.mark.parametrize(("buckets", "reach"), [(256, 512), (16, 64), (32, 128), (64, 100)])

@@ -10,6 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, MT5Config, T5Config, UMT5Config
 from transformers.models.t5.modeling_t5 import T5Attention
+from tiny import VOCAB
+from tiny import input_ids as ids
 
 import rope_ext
 from rope_ext.methods import T5BucketExtendConfig, T5BucketScaleConfig, make_config, t5_bucket
@@ -20,7 +22,7 @@ CONFIGS = {"t5": T5Config, "mt5": MT5Config, "umt5": UMT5Config}
 
 def tiny_t5(family: str = "t5", seed: int = 0, **overrides):
     options = dict(
-        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=32, relative_attention_max_distance=128, decoder_start_token_id=0,
         pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
     )
@@ -32,11 +34,6 @@ def tiny_t5(family: str = "t5", seed: int = 0, **overrides):
             if getattr(module, "has_relative_attention_bias", False):
                 module.relative_attention_bias.weight.normal_(0, 1.0)
     return model
-
-
-def ids(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(2, 96, (batch, length), generator=generator)
 
 
 def forward(model, encoder_ids, decoder_ids, **kwargs) -> torch.Tensor:

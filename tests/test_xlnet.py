@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import XLNetConfig, XLNetLMHeadModel, XLNetModel
+from tiny import VOCAB, logits
+from tiny import input_ids as ids
 
 import rope_ext
 from rope_ext.methods import XlnetClampConfig, make_config
 
 
 def tiny_xlnet(seed: int = 0, **overrides) -> XLNetLMHeadModel:
-    options = dict(vocab_size=96, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0)
+    options = dict(vocab_size=VOCAB, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0)
     options.update(overrides)
     torch.manual_seed(seed)
     model = XLNetLMHeadModel(XLNetConfig(**options)).eval()
@@ -21,15 +23,6 @@ def tiny_xlnet(seed: int = 0, **overrides) -> XLNetLMHeadModel:
         for layer in model.transformer.layer:
             layer.rel_attn.r.mul_(20)
     return model
-
-
-def ids(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
-    return torch.randint(2, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def logits(model, input_ids, **kwargs) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=input_ids, **kwargs).logits
 
 
 def expected_encoding(model: XLNetModel, qlen: int, klen: int, divide: float, clamp: int | None = None, bsz: int = 1):
