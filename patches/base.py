@@ -9,6 +9,7 @@ installer (``rope_ext.hooks``) needs only sites the family has. Adapters never e
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 from torch import nn
 
@@ -40,6 +41,36 @@ class FamilyAdapter(ABC):
     @abstractmethod
     def locate(self, model: nn.Module) -> Sites:
         """The model's sites; raise ``ValueError`` if they cannot be found."""
+
+
+class OwnerFamily(FamilyAdapter):
+    """A family found by the one module that holds its position sites: ``owner_class`` of ``owner_module`` (compared
+    by name, so the modeling module is not imported)."""
+
+    owner_module: ClassVar[str]
+    owner_class: ClassVar[str]
+
+    def _owners(self, model: nn.Module) -> list[nn.Module]:
+        return modules_deriving_from(model, self.owner_module, self.owner_class)
+
+    def matches(self, model: nn.Module) -> bool:
+        return bool(self._owners(model))
+
+    def owner(self, model: nn.Module) -> nn.Module:
+        """The owner module of ``model``; raises unless there is exactly one."""
+        found = self._owners(model)
+        if len(found) != 1:
+            raise ValueError(
+                f"{self.name}: found {len(found)} {self.owner_class} modules; rope_ext patches a model with one"
+            )
+        return found[0]
+
+    def whole_model_config(self, model: nn.Module):
+        """``model``'s config; raises for a part of a model (no config of its own, where a patch would not be saved)."""
+        config = getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"{self.name}: patch the whole model, not its {type(model).__name__} (it has no config)")
+        return config
 
 
 def derives_from(module: nn.Module, module_path: str, class_name: str) -> bool:

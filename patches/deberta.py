@@ -13,29 +13,19 @@ from torch import nn
 
 from rope_ext.hooks.base import Sites
 from rope_ext.hooks.buckets import LogBucketSite
-from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
-
-_MODULE = "transformers.models.deberta_v2.modeling_deberta_v2"
+from rope_ext.patches.base import OwnerFamily, register_family
 
 
-class DebertaV2Family(FamilyAdapter):
+class DebertaV2Family(OwnerFamily):
     name = "deberta_v2"
     site_kinds = frozenset({LogBucketSite.kind})
     causal = False
-
-    def matches(self, model: nn.Module) -> bool:
-        return bool(modules_deriving_from(model, _MODULE, "DebertaV2Encoder"))
+    owner_module = "transformers.models.deberta_v2.modeling_deberta_v2"
+    owner_class = "DebertaV2Encoder"
 
     def locate(self, model: nn.Module) -> Sites:
-        encoders = modules_deriving_from(model, _MODULE, "DebertaV2Encoder")
-        if len(encoders) != 1:
-            raise ValueError(
-                f"{self.name}: found {len(encoders)} DebertaV2Encoder modules; rope_ext patches a model with one"
-            )
-        encoder = encoders[0]
-        config = getattr(model, "config", None)
-        if config is None:
-            raise ValueError(f"{self.name}: patch the whole model, not its {type(model).__name__} (it has no config)")
+        encoder = self.owner(model)
+        config = self.whole_model_config(model)
         if not encoder.relative_attention:
             raise ValueError(f"{self.name}: this model has no relative attention (relative_attention=False)")
         layers = [m for m in encoder.modules() if hasattr(m, "pos_att_type")]

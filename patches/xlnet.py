@@ -7,27 +7,20 @@ from torch import nn
 
 from rope_ext.hooks.base import Sites
 from rope_ext.hooks.distances import DistanceSite
-from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
-
-_MODULE = "transformers.models.xlnet.modeling_xlnet"
+from rope_ext.patches.base import OwnerFamily, register_family
 
 
-class XLNetFamily(FamilyAdapter):
+class XLNetFamily(OwnerFamily):
     name = "xlnet"
     site_kinds = frozenset({DistanceSite.kind})
     causal = False  # (without a permutation mask its attention sees both ways)
-
-    def matches(self, model: nn.Module) -> bool:
-        return bool(modules_deriving_from(model, _MODULE, "XLNetModel"))
+    owner_module = "transformers.models.xlnet.modeling_xlnet"
+    owner_class = "XLNetModel"
 
     def locate(self, model: nn.Module) -> Sites:
-        found = modules_deriving_from(model, _MODULE, "XLNetModel")
-        if len(found) != 1:
-            raise ValueError(f"{self.name}: found {len(found)} XLNetModel modules; rope_ext patches a model with one")
-        config = getattr(model, "config", None)
-        if config is None:
-            raise ValueError(f"{self.name}: patch the whole model, not its {type(model).__name__} (it has no config)")
-        return Sites(config, {DistanceSite.kind: [DistanceSite(self.name, found[0])]}, model)
+        owner = self.owner(model)
+        config = self.whole_model_config(model)
+        return Sites(config, {DistanceSite.kind: [DistanceSite(self.name, owner)]}, model)
 
 
 register_family(XLNetFamily())

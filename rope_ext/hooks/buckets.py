@@ -51,6 +51,11 @@ class BucketTables(nn.Module):
         return self.tables[index](buckets)
 
 
+def bucketing(module: nn.Module) -> tuple[bool, int, int]:
+    """A table module's ``(bidirectional, num_buckets, max_distance)``, as a bucket method takes them."""
+    return not module.is_decoder, module.relative_attention_num_buckets, module.relative_attention_max_distance
+
+
 @dataclass(eq=False)
 class BucketBias(RopeExtCallable):
     """``compute_bias`` of one bucket module under a method: ``(query_length, key_length, device=None,
@@ -69,18 +74,12 @@ class BucketBias(RopeExtCallable):
             device = module.relative_attention_bias.weight.device
         context = torch.arange(query_length, dtype=torch.long, device=device)[:, None] + past_seen_tokens
         memory = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
-        buckets = self.method.bucket(
-            memory - context, not module.is_decoder, module.relative_attention_num_buckets,
-            module.relative_attention_max_distance,
-        )
+        buckets = self.method.bucket(memory - context, *bucketing(module))
         values = module.relative_attention_bias(buckets) if self.owned is None else self.owned(self.index, buckets)
         return values.permute([2, 0, 1]).unsqueeze(0)  # [1, heads, q, k]
 
     def __repr__(self) -> str:
-        m = self.module
-        rows = self.method.per_direction(
-            not m.is_decoder, m.relative_attention_num_buckets, m.relative_attention_max_distance
-        )
+        rows = self.method.per_direction(*bucketing(self.module))
         table = "its own table" if self.owned is None else f"a grown table of {rows} buckets per direction"
         return f"{self.method.method}(factor={self.method.factor:g}) buckets, {table}"
 
@@ -97,11 +96,7 @@ class BucketInstaller(HookInstaller):
         modules = [module for site in builder.sites.get(BucketSite.kind) for module in site.modules]
         owned = None
         if method.grows_table:
-            tables = [
-                method.table(m.relative_attention_bias.weight, not m.is_decoder, m.relative_attention_num_buckets,
-                             m.relative_attention_max_distance)
-                for m in modules
-            ]
+            tables = [method.table(m.relative_attention_bias.weight, *bucketing(m)) for m in modules]
             owned = own(builder, method.method, BucketTables(tables))
         for index, module in enumerate(modules):
             builder.edit(module, "compute_bias", BucketBias(module, method, owned, index))

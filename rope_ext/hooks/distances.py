@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
-from rope_ext.methods import HOOK_DISTANCE, DistanceConfig, MethodConfig, XlnetClampConfig
+from rope_ext.methods import HOOK_DISTANCE, DistanceConfig, MethodConfig
 
 
 @dataclass(eq=False)
@@ -37,7 +37,7 @@ class ScaledDistances(RopeExtCallable):
 
     embed: Any  # the class's own static function
     method: DistanceConfig
-    #: the model's own ``clamp_len``, applied here after the method (``<= 0``: none)
+    #: the clamp applied after the method (the method's, else the model's own ``clamp_len``; ``<= 0``: none)
     clamp: int = -1
 
     def __call__(self, pos_seq: torch.Tensor, inv_freq: torch.Tensor, bsz: int | None = None) -> torch.Tensor:
@@ -52,7 +52,7 @@ class ScaledDistances(RopeExtCallable):
 
 
 class DistanceInstaller(HookInstaller):
-    """XLNet's distances through the method: ``clamp_len`` set, or ``positional_embedding`` replaced."""
+    """XLNet's distances through the method: ``positional_embedding`` replaced, the clamp moved into it."""
 
     kind = HOOK_DISTANCE
     site_kinds = frozenset({DistanceSite.kind})
@@ -60,11 +60,11 @@ class DistanceInstaller(HookInstaller):
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, DistanceConfig)
         for site in builder.sites.get(DistanceSite.kind):
-            clamp = method.clamp_len if isinstance(method, XlnetClampConfig) else site.model.clamp_len
-            if isinstance(method, XlnetClampConfig):  # (transformers' own field: saved, a plain reload clamps too)
-                builder.edit_config(builder.sites.config, "clamp_len", clamp)
+            for name, value in method.config_values().items():  # (transformers' own fields: saved with the model)
+                builder.edit_config(builder.sites.config, name, value)
             embed = type(site.model).positional_embedding  # (a staticmethod: the plain function)
             # the clamp moves after the method: it clamps the distances the sinusoid reads
+            clamp = method.clamp(site.model.clamp_len)
             builder.edit(site.model, "positional_embedding", ScaledDistances(embed, method, clamp))
             builder.edit(site.model, "clamp_len", -1)
 

@@ -33,13 +33,13 @@ class PositionRuleInstaller(HookInstaller):
         rotation = rotate_in_attention(builder, method.method)
         limits = set()
         frequency = rotation.rotary.method
+        static = frequency is not None and not frequency.dynamic
         for _layer, program, term in rotation.full:
             within = term.original
-            if frequency is not None and not frequency.dynamic:  # distances the extended rotation handles
+            if static:  # distances the extended rotation handles
                 spec = rotation.rotary.specs[term.layer_type]
                 within = round(frequency.factor * spec.original_max_position_embeddings)
             # a stated L may reach what the rotation handles: DCA with 16k chunks on yarn:factor=2 of an 8k model
-            static = frequency is not None and not frequency.dynamic
             check_length_within(method.method, method.original_max_position_embeddings,
                                 within if static else term.native, frequency if static else None)
             term.rule = method.resolved(term.original)

@@ -59,7 +59,7 @@ def t5_bucket(
     ``num_buckets`` and ``max_distance`` are the trained model's (they fix ``n``, ``e`` and the log width);
     ``cap`` is the number of buckets per direction actually kept (``None``: ``n``, T5's own); keys after the query
     take the buckets from ``cap`` on in a bidirectional table."""
-    n = num_buckets // 2 if bidirectional else num_buckets
+    n = trained_per_direction(bidirectional, num_buckets)
     cap = n if cap is None else cap
     buckets = torch.zeros_like(relative_position, dtype=torch.long)
     if bidirectional:
@@ -73,6 +73,11 @@ def t5_bucket(
     large = exact + (torch.log(distance.float() / exact) / math.log(max_distance / exact) * (n - exact)).to(torch.long)
     large = torch.min(large, torch.full_like(large, cap - 1))
     return buckets + torch.where(small, distance, large)
+
+
+def trained_per_direction(bidirectional: bool, num_buckets: int) -> int:
+    """T5's buckets per direction: half of them in a bidirectional table, all of them in a causal one."""
+    return num_buckets // 2 if bidirectional else num_buckets
 
 
 def divided(relative_position: torch.Tensor, factor: float) -> torch.Tensor:
@@ -97,7 +102,7 @@ class BucketConfig(MethodConfig):
 
     def per_direction(self, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
         """Rows per direction of the table the patched model reads."""
-        return num_buckets // 2 if bidirectional else num_buckets
+        return trained_per_direction(bidirectional, num_buckets)
 
     def bucket(
         self, relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
@@ -137,7 +142,7 @@ class T5BucketExtendConfig(BucketConfig):
     factor: float | None = None
 
     def per_direction(self, bidirectional, num_buckets, max_distance):
-        n = super().per_direction(bidirectional, num_buckets, max_distance)
+        n = trained_per_direction(bidirectional, num_buckets)
         exact = n // 2
         if self.factor == 1 or max_distance <= exact:
             return n
@@ -149,7 +154,7 @@ class T5BucketExtendConfig(BucketConfig):
         return t5_bucket(relative_position, bidirectional, num_buckets, max_distance, cap=cap)
 
     def table(self, weight, bidirectional, num_buckets, max_distance):
-        n = BucketConfig.per_direction(self, bidirectional, num_buckets, max_distance)  # (the trained table's)
+        n = trained_per_direction(bidirectional, num_buckets)
         rows = self.per_direction(bidirectional, num_buckets, max_distance)
         old = torch.arange(rows, device=weight.device).clamp(max=n - 1)  # new bucket b reads old min(b, n - 1)
         if bidirectional:

@@ -26,12 +26,19 @@ from rope_ext.methods.base import HOOK_DISTANCE, MethodConfig, check_factor, reg
 
 class DistanceConfig(MethodConfig):
     """Base of the methods on XLNet's distances (hook kind ``distance``): ``distances(d)`` is what the sinusoid
-    reads (before the clamp)."""
+    reads before ``clamp(own)`` clamps it (``own``: the model's ``clamp_len``); ``config_values()`` are the model
+    config's own fields the method sets (saved, so a plain reload does the same)."""
 
     hook: ClassVar[str] = HOOK_DISTANCE
 
     def distances(self, distance: torch.Tensor) -> torch.Tensor:
         return distance
+
+    def clamp(self, own: int) -> int:
+        return own
+
+    def config_values(self) -> dict[str, int]:
+        return {}
 
 
 @register_method
@@ -66,3 +73,9 @@ class XlnetClampConfig(DistanceConfig):
                 f"{self.method}: clamp_len must be an int >= 1 (the longest distance kept, e.g. "
                 f"xlnet_clamp:clamp_len=512), got {value!r}"
             )
+
+    def clamp(self, own):
+        return self.clamp_len
+
+    def config_values(self):
+        return {"clamp_len": self.clamp_len}
