@@ -245,7 +245,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
         if name == "factor" and hasattr(cls, "default_factor"):  # (frequency methods: required, or a default)
             kind, default = "float", cls.default_factor if cls.default_factor is not None else dataclasses.MISSING
-        if default is dataclasses.MISSING:
+        if default is dataclasses.MISSING or name in cls.required_options:
             shown = "(required)"
         elif default is None:
             shown = "None: derived when patching (from the model's context and the other options)"
@@ -308,30 +308,48 @@ def _load(args: argparse.Namespace):
             f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
             "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
         ) from None
-    _check_causal(args.model, model)
+    _check_protocol(args, model, tokenizer)
     from rope_ext.eval.run import keep_saved_patch
 
     saved = keep_saved_patch(model, getattr(args, "methods", {}))
     if saved:  # a folder saved while patched: every method starts from the unpatched model, 'saved' re-applies it
         print(f"{args.model}: saved with rope_ext patch {'+'.join(c.method for c in saved)}; evaluating from the "
               "unpatched model ('saved' in --methods: as saved, with its parameters)")
-    native = model.config.max_position_embeddings
+    # (T5 states no context: its buckets are relative)
+    native = getattr(model.config, "max_position_embeddings", None)
     return model, tokenizer, native
 
 
-def _check_causal(name: str, model: Any) -> None:
-    """The evaluations score next-token predictions: a model of a family that is not causal (T5, DeBERTa, XLNet,
-    whose attention sees both ways without a permutation mask) or an encoder-decoder is refused by name."""
-    from rope_ext.patches import find_family
+def _check_protocol(args: argparse.Namespace, model: Any, tokenizer: Any) -> None:
+    """The evaluation fits the model's objective: passkey and the next-token protocols a causal LM, ``masked-lm`` a
+    masked LM (DeBERTa), ``span-corruption`` T5; ``eval ppl`` without ``--protocol`` takes the model's first."""
+    from rope_ext.eval.objectives import model_protocols
 
     try:
-        causal = find_family(model).causal
-    except ValueError:  # (no family of rope_ext's: evaluated unpatched, as a causal LM if it is one)
-        causal = True
-    if not causal or getattr(model.config, "is_encoder_decoder", False):
+        valid = model_protocols(model)
+    except ValueError as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    kind = type(model).__name__
+    if args.evaluation == "passkey":
+        if "fixed" not in valid:
+            raise ValueError(f"--model {args.model!r} is a {kind}, not a causal language model: passkey retrieval "
+                             f"generates the key; evaluate it with rope-ext eval ppl --protocol {valid[0]}")
+        return
+    if args.protocol is None:
+        args.protocol = valid[0]
+        _check_ppl_options(args)
+    elif args.protocol not in valid:
+        raise ValueError(f"--protocol {args.protocol}: a {kind} is evaluated with --protocol {' or '.join(valid)}")
+    from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing
+
+    check_target_tokens(args.protocol, args.target_tokens)
+    rows = absolute_table_rows(model) if args.protocol == "masked-lm" else None
+    framed = sum(part.numel() for part in framing(tokenizer))
+    if rows is not None and max(args.lengths) + framed > rows:
+        also = " ([CLS] and [SEP] included)" if framed else ""
         raise ValueError(
-            f"--model {name!r} is a {type(model).__name__}, not a causal language model: rope-ext eval scores "
-            "next-token predictions; T5's span-corruption and DeBERTa's masked-LM evaluations are not there yet"
+            f"--lengths {max(args.lengths)}: this {kind} adds an absolute position table of {rows} rows, which ends "
+            f"there{also}; evaluate lengths up to {rows - framed}"
         )
 
 
@@ -389,17 +407,28 @@ def _finish(args: argparse.Namespace, out: Path) -> None:
             print(f"plot written to {path}")
 
 
+#: ``rope_ext.eval.perplexity.PROTOCOLS`` (here without importing torch)
+_PROTOCOLS = ("fixed", "curve", "sliding", "masked-lm", "span-corruption")
+#: the protocols that score the last --target-tokens of each length (None: the model's own, every one of them such)
+_FIXED_TARGETS = (None, "fixed", "masked-lm", "span-corruption")
+
+
+def _fixed_targets(args: argparse.Namespace) -> bool:
+    return args.protocol in _FIXED_TARGETS
+
+
 def _check_ppl_options(args: argparse.Namespace) -> None:
     lengths = args.lengths
-    if args.protocol == "fixed" and args.target_tokens >= lengths[-1]:
+    protocol = args.protocol or "fixed-target"  # (None: the model's own, decided once it loads; each is one)
+    if _fixed_targets(args) and args.target_tokens >= lengths[-1]:
         raise ValueError(
             f"--target-tokens {args.target_tokens} must be smaller than the longest of --lengths ({lengths[-1]}): "
-            "the fixed protocol scores the last --target-tokens tokens of each length"
+            f"the {protocol} protocol scores the last --target-tokens tokens of each length"
         )
-    if args.protocol == "fixed" and args.target_tokens >= lengths[0]:
+    if _fixed_targets(args) and args.target_tokens >= lengths[0]:
         short = ",".join(str(L) for L in lengths if L <= args.target_tokens)
         raise ValueError(
-            f"--lengths {short}: not above --target-tokens {args.target_tokens}: the fixed protocol scores the last "
+            f"--lengths {short}: not above --target-tokens {args.target_tokens}: the {protocol} protocol scores the last "
             f"--target-tokens tokens of each length, with context before them; give lengths above "
             f"{args.target_tokens}, or lower --target-tokens"
         )
@@ -411,7 +440,7 @@ def _same_targets_config(previous: dict | None, args: argparse.Namespace) -> boo
     """Whether a folder's run scored its lengths the way this run would (protocol, target tokens, stride)."""
     return bool(previous) and (previous.get("protocol"), previous.get("target_tokens"), previous.get("stride")) == (
         args.protocol,
-        args.target_tokens if args.protocol == "fixed" else None,
+        args.target_tokens if _fixed_targets(args) else None,
         args.stride if args.protocol == "sliding" else None,
     )
 
@@ -424,7 +453,7 @@ def _ppl_run(args: argparse.Namespace, every: list, target_lengths: list[int], n
     if not every:
         raise ValueError("the data holds no document")
     longest = every[0]  # (longest first)
-    also = f" and above --target-tokens {args.target_tokens}" if args.protocol == "fixed" else ""
+    also = f" and above --target-tokens {args.target_tokens}" if _fixed_targets(args) else ""
 
     def unfilled(too_long: list[int]) -> ValueError:
         named = ",".join(map(str, too_long))
@@ -451,7 +480,7 @@ def _ppl_run(args: argparse.Namespace, every: list, target_lengths: list[int], n
     run_config = _common_run_config(args, native) | {
         "kind": "perplexity",
         "protocol": args.protocol,
-        "target_tokens": args.target_tokens if args.protocol == "fixed" else None,
+        "target_tokens": args.target_tokens if _fixed_targets(args) else None,
         "stride": args.stride if args.protocol == "sliding" else None,
         "dataset": _resolved(args.dataset) or ("text files" if args.text_files else "kjv"),
         "text_files": _resolved(args.text_files),
@@ -523,9 +552,11 @@ def _cmd_eval_ppl(args: argparse.Namespace) -> int:
         stride=args.stride,
         site_options=site_options,
         target_lengths=target_lengths,
+        tokenizer=tokenizer,
     )
-    _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; native context {native}; this "
-                 f"run's methods and lengths; every record of the folder: {Path(args.out) / 'ppl_summary.csv'})")
+    context = "no stated native context" if native is None else f"native context {native}"
+    _print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; {context}; this run's methods "
+                 f"and lengths; every record of the folder: {Path(args.out) / 'ppl_summary.csv'})")
     _finish(args, Path(args.out))
     return 0
 
@@ -781,10 +812,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="evaluate methods").add_subparsers(dest="evaluation", required=True)
     ppl = evaluate.add_parser("ppl", help="perplexity vs context length")
     _add_model_options(ppl, DEFAULT_METHODS, DEFAULT_LENGTHS, "results/main")
-    ppl.add_argument("--protocol", default="fixed", choices=("fixed", "curve", "sliding"))
+    ppl.add_argument(
+        "--protocol", choices=_PROTOCOLS, default=None,
+        help="fixed, curve or sliding (causal LMs; default fixed), masked-lm (DeBERTa and other masked LMs), "
+        "span-corruption (T5); default: the model's first",
+    )
     ppl.add_argument(
         "--target-tokens", type=_int_at_least(1), default=1024,
-        help="fixed protocol: tokens scored (default: %(default)s)",
+        help="fixed protocol: tokens scored; masked-lm and span-corruption: the tokens masked or corrupted in "
+        "(default: %(default)s)",
     )
     ppl.add_argument(
         "--stride", type=_int_at_least(1), default=256, help="sliding protocol: window stride (default: %(default)s)"

@@ -198,13 +198,15 @@ _UNSET = object()
 
 def model_class_of(config: Any) -> type:
     """The transformers class ``config.architectures`` names (the first one transformers has), else
-    ``AutoModelForCausalLM``."""
+    ``AutoModelForSeq2SeqLM`` for an encoder-decoder (T5) and ``AutoModelForCausalLM`` for the rest."""
     import transformers
 
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
         if isinstance(cls, type) and hasattr(cls, "from_pretrained"):
             return cls
+    if getattr(config, "is_encoder_decoder", False):
+        return transformers.AutoModelForSeq2SeqLM
     return transformers.AutoModelForCausalLM
 
 

@@ -284,6 +284,9 @@ def test_methods_name_shows_options_types_defaults_and_documentation(capsys):
     assert main(["methods", "dca"]) == 0
     out = capsys.readouterr().out
     assert "Dual Chunk Attention" in out and "chunk_size" in out and "Defaults ``chunk_size = 3L/4``" in out
+    for name in ("t5_bucket_extend", "deberta_bucket_stretch", "xlnet_interp"):  # (None means "not given": refused)
+        assert main(["methods", name]) == 0
+        assert re.search(r"^  factor +float \| None +\(required\)$", capsys.readouterr().out, flags=re.MULTILINE)
     assert main(["methods", "yarm"]) == 2
     assert "rope-ext: error: unknown method 'yarm'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk" in capsys.readouterr().err
 

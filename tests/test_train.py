@@ -97,7 +97,8 @@ def test_evaluation_as_saved_keeps_the_trained_parameters(texts, tmp_path, capsy
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--architecture", "bert"], r"argument --architecture: invalid choice: 'bert' \(choose from 'gpt2', 'llama'\)"),
+        (["--architecture", "bert"], r"argument --architecture: invalid choice: 'bert' \(choose from 'gpt2', 'llama', 't5', "
+                                           r"'deberta'\)"),
         (["--hidden", "30", "--heads", "4"], "--hidden 30 must be a multiple of --heads 4"),
         (["--kv-heads", "2"], "--kv-heads: only for --architecture llama"),
         (["--architecture", "llama", "--heads", "4", "--kv-heads", "3"], "--kv-heads 3 must divide --heads 4"),

@@ -11,6 +11,9 @@
   per length, scoring that length's bucket. The buckets come from the run's whole length list.
 * ``sliding`` -- sliding window of ``L`` tokens moved by ``stride``, scoring only tokens no earlier
   window scored (the YaRN reference evaluation, and transformers' perplexity guide).
+* ``masked-lm`` and ``span-corruption`` -- the fixed-target protocol for a masked LM (DeBERTa) and T5: the same
+  tokens of the same last ``target_tokens`` masked, or the same spans corrupted, at every length, the context in
+  front of them growing (``rope_ext.eval.objectives``).
 
 Every record names the positions it scored, ``start .. end - 1``; records scoring different positions
 are never averaged into one table (``summarize`` raises).
@@ -32,8 +35,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from rope_ext.eval.data import Document
+from rope_ext.eval.objectives import (
+    CAUSAL_PROTOCOLS,
+    FIXED_TARGET_PROTOCOLS,
+    OBJECTIVE_PROTOCOLS,
+    document_generator,
+    model_protocols,
+    objective_nll,
+)
 
-PROTOCOLS = ("fixed", "curve", "sliding")
+PROTOCOLS = (*CAUSAL_PROTOCOLS, *OBJECTIVE_PROTOCOLS)
 #: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
 MAX_LENGTH = 1 << 24
 
@@ -126,7 +137,7 @@ def _record(method, config, protocol, document, length, span, nll: torch.Tensor,
 
 def usable_lengths(document: Document, lengths: list[int], protocol: str, target_tokens: int) -> list[int]:
     """The lengths this document can provide; the rest are skipped (reported by the caller), never padded."""
-    if protocol == "fixed":
+    if protocol in FIXED_TARGET_PROTOCOLS:
         return sorted(L for L in lengths if target_tokens < L <= document.num_tokens)
     return sorted(L for L in lengths if L <= document.num_tokens)
 
@@ -136,8 +147,8 @@ def target_spans(
 ) -> dict[int, tuple[int, int]]:
     """``{L: (start, end)}``: the positions ``start .. end - 1`` scored at each length the document provides.
 
-    A function of the document and the run's whole length list only: fixed -- the last ``target_tokens``
-    before the longest usable length; curve -- ``[previous usable length, L)`` (the first from 1);
+    A function of the document and the run's whole length list only: fixed (and the objective protocols) -- the
+    last ``target_tokens`` before the longest usable length; curve -- ``[previous usable length, L)`` (the first from 1);
     sliding -- the whole document.
     """
     if protocol not in PROTOCOLS:
@@ -145,7 +156,7 @@ def target_spans(
     usable = usable_lengths(document, lengths, protocol, target_tokens)
     if not usable:
         return {}
-    if protocol == "fixed":
+    if protocol in FIXED_TARGET_PROTOCOLS:
         return {L: (usable[-1] - target_tokens, usable[-1]) for L in usable}
     if protocol == "curve":
         return {hi: (lo, hi) for lo, hi in zip([1, *usable], usable)}
@@ -164,12 +175,17 @@ def evaluate_document(
     target_tokens: int = 1024,
     stride: int = 256,
     skip: Callable[[int], bool] = lambda length: False,
+    tokenizer: Any = None,
 ) -> Iterator[PerplexityRecord]:
     """Records for one document under the model's current patch, lengths ascending.
 
     ``lengths`` is the run's whole length list (it decides the targets, see ``target_spans``); ``skip``
-    only leaves out lengths already recorded.
+    only leaves out lengths already recorded. The objective protocols need the ``tokenizer`` (its mask token, T5's
+    sentinels).
     """
+    valid = model_protocols(model)
+    if protocol not in valid:
+        raise ValueError(f"a {type(model).__name__} is evaluated with protocol {' or '.join(valid)}, not {protocol!r}")
     spans = target_spans(document, lengths, protocol, target_tokens)
     todo = [L for L in spans if not skip(L)]
     if not todo:
@@ -181,6 +197,16 @@ def evaluate_document(
             end = spans[length][1]
             began = time.perf_counter()
             nll = token_nll(model, ids[:, end - length : end], start=length - target_tokens)
+            yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
+    elif protocol in OBJECTIVE_PROTOCOLS:
+        if tokenizer is None:
+            raise ValueError(f"the {protocol} protocol needs the model's tokenizer")
+        seed = document.fingerprint()
+        for length in todo:
+            end = spans[length][1]
+            began = time.perf_counter()
+            window = ids[:, end - length : end]
+            nll = objective_nll(model, protocol, tokenizer, window, target_tokens, document_generator(seed))
             yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
     elif protocol == "curve":
         if dynamic:
@@ -224,10 +250,11 @@ def sliding_window_nll(model: nn.Module, input_ids: torch.Tensor, window: int, s
 
 def check_same_targets(records: list[PerplexityRecord]) -> None:
     """Raise unless records that share a table score the same positions: per document, one span for
-    every length under the fixed protocol, and one span per length (for every method) otherwise."""
+    every length under the fixed-target protocols, and one span per length (for every method) otherwise."""
     spans: dict[tuple, set[tuple[int, int]]] = {}
     for r in records:
-        where = (r.protocol, r.document) if r.protocol == "fixed" else (r.protocol, r.document, r.length)
+        fixed = r.protocol in FIXED_TARGET_PROTOCOLS
+        where = (r.protocol, r.document) if fixed else (r.protocol, r.document, r.length)
         spans.setdefault(where, set()).add((r.start, r.end))
     for where, found in spans.items():
         if len(found) > 1:

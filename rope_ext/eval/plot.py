@@ -152,7 +152,9 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
         axis.xaxis.minorticks_off()
         axis.grid(True, which="both", alpha=0.3)
     axes[-1].set_xlabel("context length (tokens)")
-    protocol = {"fixed": "fixed last-token targets", "curve": "per-position buckets", "sliding": "sliding window"}
+    protocol = {"fixed": "fixed last-token targets", "curve": "per-position buckets", "sliding": "sliding window",
+                "masked-lm": "masked-LM loss, fixed masked tokens",
+                "span-corruption": "span-corruption loss (T5), fixed spans"}
     title = f"{run.get('model_name', run.get('model'))}: {protocol.get(run['protocol'], run['protocol'])}"
     if band is None:
         full.set_title(title)

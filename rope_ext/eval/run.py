@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from rope_ext.core import patched
 from rope_ext.eval.data import Document
+from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
 from rope_ext.eval.passkey import PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
 from rope_ext.eval.perplexity import PerplexityRecord, evaluate_document, record_key, summarize, target_spans
 from rope_ext.eval.results import ResultStore
@@ -128,7 +129,7 @@ def folder_lengths(run_config: dict[str, Any] | None, records: list[dict[str, An
         return []
     lengths = {int(L) for L in run_config.get("lengths") or []}
     lengths |= {int(r["length"]) for r in records if isinstance(r.get("length"), int)}
-    if run_config.get("protocol") in ("fixed", "curve"):
+    if run_config.get("protocol") in (*FIXED_TARGET_PROTOCOLS, "curve"):
         lengths |= {int(end) for end in (run_config.get("target_end") or {}).values() if isinstance(end, int)}
     return sorted(lengths)
 
@@ -153,9 +154,9 @@ def added_lengths_problem(
         return None
     given = ",".join(map(str, bad))
     longest = max(end for spans in before.values() for _, end in spans.values()) if any(before.values()) else None
-    if protocol == "fixed":
+    if protocol in FIXED_TARGET_PROTOCOLS:
         return (
-            f"whose targets --lengths {given} would move: the fixed protocol scores the last {target_tokens} tokens "
+            f"whose targets --lengths {given} would move: the {protocol} protocol scores the last {target_tokens} tokens "
             f"before the longest length, and the folder's is {longest}. Lengths can be added only where they leave "
             f"the targets as they were: here above --target-tokens {target_tokens} and up to {longest}, without "
             f"restating the folder's lengths ({','.join(map(str, folder))})"
@@ -191,8 +192,10 @@ def run_perplexity(
     site_options: dict[str, Any] | None = None,
     log: Callable[[str], None] = tqdm.write,
     target_lengths: list[int] | None = None,
+    tokenizer: Any = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate every method on every document at every usable length; returns the summary rows.
+    """Evaluate every method on every document at every usable length; returns the summary rows. The objective
+    protocols (``masked-lm``, ``span-corruption``) need the ``tokenizer``.
 
     ``target_lengths`` (default ``lengths``; it must include them) decide the positions scored, see
     ``target_spans``: a resumed folder's lengths with this run's, so that a run of only the lengths it adds
@@ -244,6 +247,7 @@ def run_perplexity(
                 target_tokens=target_tokens,
                 stride=stride,
                 skip=skip,
+                tokenizer=tokenizer,
             ):
                 store.append(record.to_dict())
                 bar.update(1)

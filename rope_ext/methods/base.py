@@ -215,6 +215,8 @@ class MethodConfig:
     hook: ClassVar[str]
     #: options of ``SHARED_OPTIONS`` this method has but refuses: a combination's keyword passes it by
     unused_shared_options: ClassVar[frozenset[str]] = frozenset()
+    #: options whose ``None`` default means "not given" and is refused (``check_factor``), not derived when patching
+    required_options: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
         _plain_fields(self)

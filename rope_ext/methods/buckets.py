@@ -94,6 +94,7 @@ class BucketConfig(MethodConfig):
     own)."""
 
     hook: ClassVar[str] = HOOK_BUCKET
+    required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
     #: whether the method brings a table of its own (a parameter the patch owns)
     grows_table: ClassVar[bool] = False
 
@@ -182,6 +183,7 @@ class LogBucketConfig(MethodConfig):
     ``positions(rel, position_buckets, max_relative_positions) -> long`` gives what the attention reads."""
 
     hook: ClassVar[str] = HOOK_LOG_BUCKET
+    required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
     needs_buckets: ClassVar[bool] = False
 
     def __post_init__(self) -> None:

@@ -47,6 +47,7 @@ class XlnetInterpConfig(DistanceConfig):
     """XLNet's distances divided by ``factor`` before the sinusoid."""
 
     method: ClassVar[str] = "xlnet_interp"
+    required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
 
     factor: float | None = None
 

@@ -245,7 +245,9 @@ class FinetuneConfig(LoopConfig):
             )
 
 
-ARCHITECTURES = ("gpt2", "llama")
+ARCHITECTURES = ("gpt2", "llama", "t5", "deberta")
+#: architecture -> the objective it trains with (``rope_ext.eval.objectives``; "fixed": next-token)
+OBJECTIVES = {"gpt2": "fixed", "llama": "fixed", "t5": "span-corruption", "deberta": "masked-lm"}
 
 
 @dataclass
@@ -254,7 +256,8 @@ class TrainConfig(LoopConfig):
     model built from a config (the default model's tokenizer), trained from scratch under a position method."""
 
     architecture: str = field(default="gpt2", metadata=_help(
-        "gpt2 (a learned position table of --window rows) or llama (RoPE)", choices=ARCHITECTURES))
+        "gpt2 (a learned position table of --window rows), llama (RoPE), t5 (relative buckets; span corruption) or "
+        "deberta (DeBERTa-v3's disentangled log buckets; masked LM)", choices=ARCHITECTURES))
     methods: str = field(default="none", metadata=_help(
         "the position method trained with, in the evaluation's spec syntax (alibi, kerple, fire, sandwich, xpos...); "
         "'none': the architecture's own positions"))
@@ -263,7 +266,7 @@ class TrainConfig(LoopConfig):
     kv_heads: int | None = field(default=None, metadata=_help("key/value heads (llama; default: --heads)"))
     hidden: int = field(default=256, metadata=_help("hidden size"))
     intermediate: int | None = field(default=None, metadata=_help(
-        "MLP size (default: 4 x hidden for gpt2, 8/3 x hidden rounded up to 64 for llama)"))
+        "MLP size (default: 8/3 x hidden rounded up to 64 for llama, else 4 x hidden)"))
     rope_theta: float = field(default=10000.0, metadata=_help("RoPE base (llama)"))
     dropout: float = field(default=0.0, metadata=_help("dropout (attention, residual and embeddings)"))
     window: int = field(default=256, metadata=_help("training window (tokens per sequence; GPT-2's table rows)"))
@@ -287,20 +290,35 @@ class TrainConfig(LoopConfig):
             raise ValueError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads}")
         if self.architecture == "llama" and (self.hidden // self.heads) % 2:
             raise ValueError(f"--hidden / --heads = {self.hidden // self.heads}: RoPE needs an even head dimension")
-        if self.architecture == "gpt2" and self.rope_theta != 10000.0:
-            raise ValueError("--rope-theta: only for --architecture llama (GPT-2 has a learned position table)")
+        if self.architecture != "llama" and self.rope_theta != 10000.0:
+            raise ValueError(f"--rope-theta: only for --architecture llama ({self.architecture} has no RoPE)")
         if self.kv_heads is not None:
             if self.architecture != "llama":
-                raise ValueError("--kv-heads: only for --architecture llama (GPT-2 has one key/value head per head)")
+                raise ValueError(f"--kv-heads: only for --architecture llama ({self.architecture} has one key/value "
+                                 "head per head)")
             if self.heads % self.kv_heads:
                 raise ValueError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
+        if self.architecture == "deberta" and self.window < 4:
+            raise ValueError(f"--window {self.window}: DeBERTa's log buckets (window / 2 of them) need a window of at "
+                             "least 4")
+        if self.objective != "fixed":
+            from rope_ext.eval.objectives import check_target_tokens
+
+            check_target_tokens(self.objective, self.window, "--window")
+            if self.eval_document:
+                check_target_tokens(self.objective, self.eval_target_tokens, "--eval-target-tokens")
         one_spec(self.methods)  # (unknown methods and bad options: refused before anything loads)
 
     @property
     def mlp_size(self) -> int:
         if self.intermediate is not None:
             return self.intermediate
-        return 4 * self.hidden if self.architecture == "gpt2" else -(-8 * self.hidden // 3 // 64) * 64
+        return -(-8 * self.hidden // 3 // 64) * 64 if self.architecture == "llama" else 4 * self.hidden
+
+    @property
+    def objective(self) -> str:
+        """The evaluation protocol of the architecture's objective ("fixed": next-token)."""
+        return OBJECTIVES[self.architecture]
 
 
 def one_spec(methods: str) -> list[MethodConfig]:

@@ -130,3 +130,44 @@ class Collator:
         if self.pose:
             batch["position_ids"] = torch.stack([self.position_ids(ids.shape[1], s["index"]) for s in samples])
         return batch
+
+
+class ObjectiveCollator(Collator):
+    """Batches for the objectives that are not next-token prediction (``rope_ext.eval.objectives``): ``masked-lm``
+    (BERT's 80/10/10 masking by transformers' ``DataCollatorForLanguageModeling``) or ``span-corruption`` (T5's
+    sentinels). Each window is corrupted by a generator seeded by (seed, epoch, window index), like PoSE's ids: the
+    same batch in one process or many, and after a resume."""
+
+    def __init__(self, protocol: str, tokenizer: Any, eos_token_id: int | None = None, seed: int = 0) -> None:
+        from rope_ext.eval.objectives import OBJECTIVE_PROTOCOLS, mask_collator
+
+        if protocol not in OBJECTIVE_PROTOCOLS:
+            raise ValueError(f"unknown objective {protocol!r}; valid: {', '.join(OBJECTIVE_PROTOCOLS)}")
+        super().__init__(0, pose=False, seed=seed)
+        self.protocol = protocol
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        self.masking = mask_collator(tokenizer) if protocol == "masked-lm" else None
+
+    def generator(self, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from rope_ext.eval.objectives import corrupt_spans, mask_tokens, random_spans, sentinel_ids, span_starts
+
+        inputs, labels = [], []
+        for sample in samples:
+            ids, generator = sample["input_ids"], self.generator(sample["index"])
+            if self.masking is not None:
+                masked, target = mask_tokens(self.masking, ids, generator)
+            else:
+                noise = random_spans(ids.numel(), generator)
+                sentinels = sentinel_ids(self.tokenizer, int(span_starts(noise).sum()))
+                masked, target = corrupt_spans(ids, noise, sentinels, self.eos_token_id)
+            inputs.append(masked)
+            labels.append(target)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
+        input_ids = torch.nn.utils.rnn.pad_sequence(inputs, batch_first=True, padding_value=pad)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(i) for i in inputs], batch_first=True)
+        return {"input_ids": input_ids, "attention_mask": mask,
+                "labels": torch.nn.utils.rnn.pad_sequence(labels, batch_first=True, padding_value=-100)}

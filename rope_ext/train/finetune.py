@@ -134,6 +134,18 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
             raise
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"--model {config.model!r}: cannot load it ({reason}); give 'default', a folder or a hub id") from None
+    from rope_ext.eval.objectives import model_protocols
+
+    try:
+        causal = "fixed" in model_protocols(model)
+    except ValueError:
+        causal = False
+    if not causal:
+        raise ValueError(
+            f"--model {config.model!r} is a {type(model).__name__}, not a causal language model: rope-ext finetune "
+            "trains next-token prediction (with PoSE's positions); T5 and DeBERTa train with their own objectives "
+            "under rope-ext train --architecture t5 / deberta"
+        )
     saved = get_patch(model)
     if saved is not None:
         print(f"{config.model}: saved with rope_ext patch {saved!r}; training from the unpatched model "
@@ -167,19 +179,27 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     }
 
 
-def fixed_target_evaluation(document: Any, length: int, target_tokens: int):
+def fixed_target_evaluation(
+    document: Any, length: int, target_tokens: int, protocol: str = "fixed", tokenizer: Any = None
+):
     """``evaluate(model)``: perplexity of the last ``target_tokens`` of ``document``'s first ``length`` tokens (the
-    fixed-target protocol of ``rope_ext.eval``)."""
+    fixed-target protocol of ``rope_ext.eval``; for ``masked-lm`` and ``span-corruption``, of the tokens masked or
+    corrupted there, with ``tokenizer``)."""
     import math
     import time
 
+    from rope_ext.eval.objectives import document_generator, objective_nll
     from rope_ext.eval.perplexity import token_nll
 
     ids = document.input_ids[:, :length]
+    seed = document.fingerprint()
 
     def evaluate(model: nn.Module) -> dict[str, Any]:
         began = time.perf_counter()
-        nll = token_nll(model, ids, start=length - target_tokens)
+        if protocol == "fixed":
+            nll = token_nll(model, ids, start=length - target_tokens)
+        else:
+            nll = objective_nll(model, protocol, tokenizer, ids, target_tokens, document_generator(seed))
         mean = float(nll.double().mean())
         return {"document": document.title, "length": length, "target_tokens": target_tokens, "mean_nll": mean,
                 "perplexity": math.exp(mean), "seconds": time.perf_counter() - began}
@@ -244,7 +264,8 @@ def train_into_folder(
     if resumed is None:
         (out / config_file).write_text(json.dumps(_resolved_options(config), indent=1) + "\n")
     held_out = parts["text"].held_out
-    evaluate = None if held_out is None else fixed_target_evaluation(held_out, config.target, config.eval_target_tokens)
+    evaluate = None if held_out is None else fixed_target_evaluation(
+        held_out, config.target, config.eval_target_tokens, parts.get("protocol", "fixed"), parts["tokenizer"])
     if int(os.environ.get("RANK", "0")) == 0:  # (once per run)
         print(announce)
     model, progress, accelerator = run_training(

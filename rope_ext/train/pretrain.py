@@ -37,6 +37,29 @@ def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
                "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id}
     torch.manual_seed(config.seed)
+    if config.architecture == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        # T5's own bucketing (32 buckets, max_distance 128) and its v1.0 shape (ReLU, tied embeddings)
+        model_config = T5Config(
+            vocab_size=len(tokenizer), d_model=config.hidden, d_kv=config.hidden // config.heads, d_ff=config.mlp_size,
+            num_layers=config.layers, num_decoder_layers=config.layers, num_heads=config.heads,
+            dropout_rate=config.dropout, decoder_start_token_id=special["pad_token_id"], tie_word_embeddings=True,
+            attn_implementation="sdpa", **special,
+        )
+        return T5ForConditionalGeneration(model_config)
+    if config.architecture == "deberta":
+        from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+        # DeBERTa-v3's shape scaled to the window: no absolute table, log buckets (v3: 256 over 512 positions)
+        model_config = DebertaV2Config(
+            vocab_size=len(tokenizer), hidden_size=config.hidden, num_hidden_layers=config.layers,
+            num_attention_heads=config.heads, intermediate_size=config.mlp_size, max_position_embeddings=config.window,
+            relative_attention=True, position_buckets=config.window // 2, max_relative_positions=config.window,
+            pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
+            hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout, legacy=False, **special,
+        )
+        return DebertaV2ForMaskedLM(model_config)
     if config.architecture == "gpt2":
         model_config = GPT2Config(
             vocab_size=len(tokenizer), n_positions=config.window, n_embd=config.hidden, n_layer=config.layers,
@@ -59,7 +82,8 @@ def prepare(config: TrainConfig) -> dict[str, Any]:
     from rope_ext.core import patch
     from rope_ext.eval.data import load_documents
     from rope_ext.models import load_default_tokenizer
-    from rope_ext.train.data import Collator, WindowDataset, run_text
+    from rope_ext.eval.objectives import with_objective_tokens
+    from rope_ext.train.data import Collator, ObjectiveCollator, WindowDataset, run_text
     from rope_ext.train.finetune import _methods
     from rope_ext.train.lora import count_parameters
     from rope_ext.train.loop import begin_run
@@ -68,6 +92,9 @@ def prepare(config: TrainConfig) -> dict[str, Any]:
     data = load_documents(config.dataset, config.text_files, config.split, config.text_column)
     tokenizer = load_default_tokenizer()
     text, windows = run_text(config, tokenizer, data)
+    objective = config.objective
+    if objective != "fixed":  # (added after the text is cut: the corpus holds none of the new tokens)
+        with_objective_tokens(tokenizer, objective)
     model = build_model(config, tokenizer)
     methods = _methods(config)
     if methods:
@@ -81,7 +108,9 @@ def prepare(config: TrainConfig) -> dict[str, Any]:
         "tokenizer": tokenizer,
         "text": text,
         "dataset": WindowDataset(windows),
-        "collate": Collator(config.window),
+        "collate": Collator(config.window) if objective == "fixed" else ObjectiveCollator(objective, tokenizer,
+                                                                                            seed=config.seed),
+        "protocol": objective,
         "parameters": count_parameters(model),
     }
 
