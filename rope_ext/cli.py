@@ -428,8 +428,8 @@ def _check_ppl_options(args: argparse.Namespace) -> None:
     if _fixed_targets(args) and args.target_tokens >= lengths[0]:
         short = ",".join(str(L) for L in lengths if L <= args.target_tokens)
         raise ValueError(
-            f"--lengths {short}: not above --target-tokens {args.target_tokens}: the {protocol} protocol scores the last "
-            f"--target-tokens tokens of each length, with context before them; give lengths above "
+            f"--lengths {short}: not above --target-tokens {args.target_tokens}: the {protocol} protocol scores the "
+            f"last --target-tokens tokens of each length, with context before them; give lengths above "
             f"{args.target_tokens}, or lower --target-tokens"
         )
     if args.protocol == "sliding" and args.stride > lengths[0]:

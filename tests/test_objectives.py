@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 
 import pytest
 import torch
@@ -94,7 +93,8 @@ def test_span_corruption_format_by_hand():
 
 
 def test_sentinels_by_name_and_a_tokenizer_without_them(tokenizer):
-    assert sentinel_ids(tokenizer, 3) == tokenizer.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_1>", "<extra_id_2>"])
+    names = ["<extra_id_0>", "<extra_id_1>", "<extra_id_2>"]
+    assert sentinel_ids(tokenizer, 3) == tokenizer.convert_tokens_to_ids(names)
     with pytest.raises(ValueError, match="the tokenizer lacks <extra_id_0>"):
         sentinel_ids(load_default_tokenizer(), 2)
     with pytest.raises(ValueError, match="span corruption needs at least 2 tokens"):
@@ -237,9 +237,11 @@ def test_the_protocol_follows_the_model():
 
 def test_the_library_refuses_a_protocol_the_model_does_not_have(tokenizer):
     document = Document("doc", _text_ids(200))
-    for model, protocol in ((_deberta(tokenizer), "curve"), (_deberta(tokenizer), "fixed"), (_t5(tokenizer), "masked-lm")):
+    deberta, t5 = _deberta(tokenizer), _t5(tokenizer)
+    for model, protocol in ((deberta, "curve"), (deberta, "fixed"), (t5, "masked-lm")):
         with pytest.raises(ValueError, match=rf"a {type(model).__name__} is evaluated with protocol"):
-            list(evaluate_document(model, document, [64, 128], protocol=protocol, target_tokens=32, tokenizer=tokenizer))
+            list(evaluate_document(model, document, [64, 128], protocol=protocol, target_tokens=32,
+                                   tokenizer=tokenizer))
     with pytest.raises(ValueError, match=r"give the ids of one sequence, \[1, L\]; got shape \(2, 100\)"):
         objective_nll(_t5(tokenizer), "span-corruption", tokenizer, _text_ids(200).view(2, 100), 32, torch.Generator())
 
@@ -309,16 +311,6 @@ def test_a_protocol_the_model_does_not_have_is_refused(model, evaluation, protoc
 # -- training with the objectives
 
 
-@pytest.fixture(scope="module")
-def texts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("texts")
-    rng = random.Random(0)
-    words = ["alpha", "beta", "gamma", "delta", "the", "and", "of", "light", "water", "stone", "river", "hill"]
-    for name, count in (("one.txt", 4000), ("two.txt", 600)):
-        (folder / name).write_text(" ".join(rng.choice(words) for _ in range(count)))
-    return folder
-
-
 def test_objective_batches_depend_on_the_window_not_the_batch(tokenizer):
     windows = _text_ids(4 * 64).view(4, 64)
     for protocol in ("masked-lm", "span-corruption"):
@@ -362,12 +354,8 @@ def test_training_with_the_objective_and_evaluating_the_folder(texts, tmp_path, 
     restored = rope_ext.from_pretrained(tmp_path / "run")
     ids = _text_ids(100)
     with torch.no_grad():
-        if architecture == "t5":
-            decoder = _text_ids(9, seed=2)
-            same = restored(input_ids=ids, decoder_input_ids=decoder).logits, run.model(input_ids=ids,
-                                                                                        decoder_input_ids=decoder).logits
-        else:
-            same = restored(input_ids=ids).logits, run.model(input_ids=ids).logits
+        extra = {"decoder_input_ids": _text_ids(9, seed=2)} if architecture == "t5" else {}
+        same = restored(input_ids=ids, **extra).logits, run.model(input_ids=ids, **extra).logits
     torch.testing.assert_close(*same, rtol=0, atol=0)
     capsys.readouterr()
     code = main(["eval", "ppl", "--model", str(tmp_path / "run"), "--methods", "none", "--text-files",

@@ -148,8 +148,8 @@ def target_spans(
     """``{L: (start, end)}``: the positions ``start .. end - 1`` scored at each length the document provides.
 
     A function of the document and the run's whole length list only: fixed (and the objective protocols) -- the
-    last ``target_tokens`` before the longest usable length; curve -- ``[previous usable length, L)`` (the first from 1);
-    sliding -- the whole document.
+    last ``target_tokens`` before the longest usable length; curve -- ``[previous usable length, L)`` (the first
+    from 1); sliding -- the whole document.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}")

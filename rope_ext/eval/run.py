@@ -156,9 +156,9 @@ def added_lengths_problem(
     longest = max(end for spans in before.values() for _, end in spans.values()) if any(before.values()) else None
     if protocol in FIXED_TARGET_PROTOCOLS:
         return (
-            f"whose targets --lengths {given} would move: the {protocol} protocol scores the last {target_tokens} tokens "
-            f"before the longest length, and the folder's is {longest}. Lengths can be added only where they leave "
-            f"the targets as they were: here above --target-tokens {target_tokens} and up to {longest}, without "
+            f"whose targets --lengths {given} would move: the {protocol} protocol scores the last {target_tokens} "
+            f"tokens before the longest length, and the folder's is {longest}. Lengths can be added only where they "
+            f"leave the targets as they were: here above --target-tokens {target_tokens} and up to {longest}, without "
             f"restating the folder's lengths ({','.join(map(str, folder))})"
         )
     last = max(folder)
