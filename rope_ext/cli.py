@@ -323,7 +323,7 @@ def _load(args: argparse.Namespace):
 def _check_protocol(args: argparse.Namespace, model: Any, tokenizer: Any) -> None:
     """The evaluation fits the model's objective: passkey and the next-token protocols a causal LM, ``masked-lm`` a
     masked LM (DeBERTa), ``span-corruption`` T5; ``eval ppl`` without ``--protocol`` takes the model's first."""
-    from rope_ext.eval.objectives import model_protocols
+    from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
 
     try:
         valid = model_protocols(model)
@@ -340,8 +340,6 @@ def _check_protocol(args: argparse.Namespace, model: Any, tokenizer: Any) -> Non
         _check_ppl_options(args)
     elif args.protocol not in valid:
         raise ValueError(f"--protocol {args.protocol}: a {kind} is evaluated with --protocol {' or '.join(valid)}")
-    from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing
-
     check_target_tokens(args.protocol, args.target_tokens)
     rows = absolute_table_rows(model) if args.protocol == "masked-lm" else None
     framed = sum(part.numel() for part in framing(tokenizer))

@@ -275,10 +275,12 @@ def test_a_masked_lm_with_an_absolute_table_is_refused_past_it(tmp_path, capsys)
 
 
 def test_the_cli_protocol_choices_are_the_evaluations():
-    from rope_ext.cli import _PROTOCOLS
+    from rope_ext.cli import _FIXED_TARGETS, _PROTOCOLS
+    from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
     from rope_ext.eval.perplexity import PROTOCOLS
 
     assert _PROTOCOLS == PROTOCOLS
+    assert _FIXED_TARGETS == (None, *FIXED_TARGET_PROTOCOLS)
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ from torch import nn
 
 #: the next-token protocols of a causal LM
 CAUSAL_PROTOCOLS = ("fixed", "curve", "sliding")
-#: protocol -> what it scores
-OBJECTIVE_PROTOCOLS = {"masked-lm": "masked tokens", "span-corruption": "corrupted spans (T5)"}
+#: the protocols of the objectives that are not next-token prediction: masked tokens, T5's corrupted spans
+OBJECTIVE_PROTOCOLS = ("masked-lm", "span-corruption")
 #: protocols that score the same targets at every length (the last ``target_tokens`` before the longest length)
 FIXED_TARGET_PROTOCOLS = ("fixed", *OBJECTIVE_PROTOCOLS)
 #: the encoder-decoders trained with span corruption

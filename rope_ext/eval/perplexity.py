@@ -93,6 +93,20 @@ def token_nll(model: nn.Module, input_ids: torch.Tensor, start: int = 1) -> torc
     return F.cross_entropy(logits.float(), targets, reduction="none").cpu()
 
 
+def fixed_target_nll(
+    model: nn.Module, protocol: str, ids: torch.Tensor, target_tokens: int, tokenizer: Any = None,
+    fingerprint: str | None = None,
+) -> torch.Tensor:
+    """Per-token NLL of the targets in the last ``target_tokens`` of ``ids [1, L]`` under a fixed-target protocol:
+    ``fixed`` the next tokens; ``masked-lm`` / ``span-corruption`` the tokens the document's corruption picks there
+    (drawn from its ``fingerprint``, the same at every length; the ``tokenizer`` gives the mask token and sentinels)."""
+    if protocol == "fixed":
+        return token_nll(model, ids, start=ids.shape[-1] - target_tokens)
+    if tokenizer is None or fingerprint is None:
+        raise ValueError(f"the {protocol} protocol needs the model's tokenizer and the document's fingerprint")
+    return objective_nll(model, protocol, tokenizer, ids, target_tokens, document_generator(fingerprint))
+
+
 @dataclass
 class PerplexityRecord:
     method: str  # the spec as given, e.g. "yarn:factor=4", "dca+yarn:factor=4" or "none"
@@ -192,21 +206,12 @@ def evaluate_document(
         return
     ids = document.input_ids
     args = (method, [] if config is None else config, protocol, document.title)
-    if protocol == "fixed":
+    if protocol in FIXED_TARGET_PROTOCOLS:
+        fingerprint = document.fingerprint() if protocol in OBJECTIVE_PROTOCOLS else None
         for length in todo:
             end = spans[length][1]
             began = time.perf_counter()
-            nll = token_nll(model, ids[:, end - length : end], start=length - target_tokens)
-            yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
-    elif protocol in OBJECTIVE_PROTOCOLS:
-        if tokenizer is None:
-            raise ValueError(f"the {protocol} protocol needs the model's tokenizer")
-        seed = document.fingerprint()
-        for length in todo:
-            end = spans[length][1]
-            began = time.perf_counter()
-            window = ids[:, end - length : end]
-            nll = objective_nll(model, protocol, tokenizer, window, target_tokens, document_generator(seed))
+            nll = fixed_target_nll(model, protocol, ids[:, end - length : end], target_tokens, tokenizer, fingerprint)
             yield _record(*args, length, spans[length], nll, time.perf_counter() - began)
     elif protocol == "curve":
         if dynamic:

@@ -10,6 +10,15 @@ import torch
 from torch.utils.data import Dataset
 
 from rope_ext.eval.data import Document, tokenize_documents
+from rope_ext.eval.objectives import (
+    OBJECTIVE_PROTOCOLS,
+    corrupt_spans,
+    mask_collator,
+    mask_tokens,
+    random_spans,
+    sentinel_ids,
+    span_starts,
+)
 from rope_ext.train.pose import pose_position_ids
 
 
@@ -120,9 +129,12 @@ class Collator:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def generator(self, index: int) -> torch.Generator:
+        """The generator of window ``index`` this epoch: seeded by (seed, epoch, index)."""
+        return torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+
     def position_ids(self, window: int, index: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
-        return pose_position_ids(window, self.target, generator)
+        return pose_position_ids(window, self.target, self.generator(index))
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         ids = torch.stack([s["input_ids"] for s in samples])  # [b, W]
@@ -139,8 +151,6 @@ class ObjectiveCollator(Collator):
     same batch in one process or many, and after a resume."""
 
     def __init__(self, protocol: str, tokenizer: Any, eos_token_id: int | None = None, seed: int = 0) -> None:
-        from rope_ext.eval.objectives import OBJECTIVE_PROTOCOLS, mask_collator
-
         if protocol not in OBJECTIVE_PROTOCOLS:
             raise ValueError(f"unknown objective {protocol!r}; valid: {', '.join(OBJECTIVE_PROTOCOLS)}")
         super().__init__(0, pose=False, seed=seed)
@@ -149,12 +159,7 @@ class ObjectiveCollator(Collator):
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.masking = mask_collator(tokenizer) if protocol == "masked-lm" else None
 
-    def generator(self, index: int) -> torch.Generator:
-        return torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
-
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        from rope_ext.eval.objectives import corrupt_spans, mask_tokens, random_spans, sentinel_ids, span_starts
-
         inputs, labels = [], []
         for sample in samples:
             ids, generator = sample["input_ids"], self.generator(sample["index"])

@@ -188,18 +188,14 @@ def fixed_target_evaluation(
     import math
     import time
 
-    from rope_ext.eval.objectives import document_generator, objective_nll
-    from rope_ext.eval.perplexity import token_nll
+    from rope_ext.eval.perplexity import fixed_target_nll
 
     ids = document.input_ids[:, :length]
-    seed = document.fingerprint()
+    fingerprint = None if protocol == "fixed" else document.fingerprint()
 
     def evaluate(model: nn.Module) -> dict[str, Any]:
         began = time.perf_counter()
-        if protocol == "fixed":
-            nll = token_nll(model, ids, start=length - target_tokens)
-        else:
-            nll = objective_nll(model, protocol, tokenizer, ids, target_tokens, document_generator(seed))
+        nll = fixed_target_nll(model, protocol, ids, target_tokens, tokenizer, fingerprint)
         mean = float(nll.double().mean())
         return {"document": document.title, "length": length, "target_tokens": target_tokens, "mean_nll": mean,
                 "perplexity": math.exp(mean), "seconds": time.perf_counter() - began}
