@@ -276,10 +276,14 @@ class Accumulator:
                 self._fresh += [r for r in ((lo, start), (stop, hi)) if r[0] < r[1]]
         return inside is not None
 
-    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None) -> None:
+    def attend(
+        self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None, lse_shift=None
+    ) -> None:
         """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
-        ``lse_attention``."""
-        self.add(a, b, *lse_attention(q, k, v, scale, allowed, causal, bias, self.dropout))
+        ``lse_attention``. ``lse_shift [h or 1, b - a]`` is added to the call's log-sum-exp before the merge (a bias
+        whose per-query part the call left out)."""
+        out, lse = lse_attention(q, k, v, scale, allowed, causal, bias, self.dropout)
+        self.add(a, b, out, lse if lse_shift is None else lse + lse_shift.to(lse.dtype))
 
     def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
         grad = torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad)

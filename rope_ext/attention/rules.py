@@ -53,26 +53,51 @@ def bias_function(call: Call):
 
 
 #: queries per block when the biases have a key-only form (its values grow with the block: ALiBi's by the slope
-#: times the block length, kept small against the scores' float32 precision)
+#: times the block length, kept small against the scores' float32 precision); on the inference path, queries per
+#: causal square (whose bias is the whole one, rows and keys) and per call over the keys before it in its far block
 KEY_BIAS_BLOCK = 256
+#: queries per far call of the inference path with key-only biases: every query of the block against the keys
+#: before it (the CPU flash op works in 256-query splits from 768 queries on, in 32- or 64-query ones below)
+KEY_BIAS_FAR_BLOCK = 1024
 #: elements of one query block's bias ``[heads, block, keys]`` (float32) for biases without a key-only form
 BIAS_BLOCK_ELEMENTS = 1 << 23
 
 
-def key_bias_function(call: Call):
-    """``(i, j) -> [h, 1, m]``: the sum of the biases' key-only forms relative to ``i[0]`` (``Bias.key_bias``), or
-    ``None`` when a bias has none (``has_key_bias``). For causal rows at positions ``0..m-1`` only (``i`` a contiguous block)."""
+class KeyBias:
+    """The sum of a program's biases in their key-only forms (``Bias.key_bias``): for causal pairs ``j <= i``,
+    ``bias(i, j) = keys(c, j) + rows(c, i)``, both taken relative to a position ``c <= i``. Calling it
+    ``(i, j) -> [h, 1, m]`` gives ``keys`` relative to the block's first query ``i[0]``."""
+
+    def __init__(self, biases: list[Bias]) -> None:
+        self.biases = biases
+
+    def keys(self, c: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """``[h, 1, m]``: the key part at positions ``j`` relative to ``c`` (a 0-d float32 position)."""
+        out = self.biases[0].key_bias(c, j)
+        for term in self.biases[1:]:
+            out = out + term.key_bias(c, j)
+        return out.float()
+
+    def rows(self, c: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        """``[h, n]``: the per-query part at positions ``i >= c``, ``bias(i, c) - keys(c, c)`` (what a call that
+        added ``keys`` alone adds to its log-sum-exp to be merged with calls that added the whole bias)."""
+        at = c.reshape(1)
+        out = self.biases[0].bias(i, at) - self.biases[0].key_bias(c, at)
+        for term in self.biases[1:]:
+            out = out + term.bias(i, at) - term.key_bias(c, at)
+        return out.float()[..., 0]  # [h or 1, n]
+
+    def __call__(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return self.keys(i[0], j)
+
+
+def key_bias_function(call: Call) -> KeyBias | None:
+    """The biases' key-only forms (``KeyBias``), or ``None`` when a bias has none (``has_key_bias``). For causal
+    rows at positions ``0..m-1`` only (``i`` a contiguous block)."""
     biases = call.program.of_type(Bias)
     if not biases or not all(term.has_key_bias for term in biases):
         return None
-
-    def total(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        out = biases[0].key_bias(i[0], j)
-        for term in biases[1:]:
-            out = out + term.key_bias(i[0], j)
-        return out.float()
-
-    return total
+    return KeyBias(biases)
 
 
 def bias_block(q: torch.Tensor, keys: int, key_only: bool) -> int:
@@ -81,6 +106,36 @@ def bias_block(q: torch.Tensor, keys: int, key_only: bool) -> int:
     if key_only:
         return min(kernels.query_block(q), KEY_BIAS_BLOCK)
     return min(kernels.query_block(q), max(16, BIAS_BLOCK_ELEMENTS // max(1, q.shape[1] * keys)))
+
+
+def _key_bias_blocks(acc: kernels.Accumulator, q, k, v, scale: float, q0: int, bias, key_bias: KeyBias) -> None:
+    """Causal attention of ``q`` (positions ``q0..``, indices of the keys ``k, v``) with biases that have key-only
+    forms, for inference: far blocks of ``KEY_BIAS_FAR_BLOCK`` queries, each one call over every key before it
+    (``key_bias.keys`` relative to the block's first query), then its rows in squares of ``KEY_BIAS_BLOCK``: one
+    call over the block's keys before the square (relative to the square's first query) and the causal square with
+    the whole bias ``bias(i, j)``. Each call's values near its rows' largest are small (none grows with the
+    block, so none loses float32 digits), and a call that added key parts only has its log-sum-exp moved by
+    ``key_bias.rows`` before the merge."""
+    n, device = q.shape[2], q.device
+
+    def positions(lo: int, hi: int) -> torch.Tensor:
+        return torch.arange(lo, hi, device=device, dtype=torch.float32)
+
+    def before(a: int, b: int, lo: int, c: int) -> None:  # queries a..b-1 against the keys lo..c-1, c = q0 + a
+        if c > lo:
+            at = torch.tensor(float(c), device=device)
+            acc.attend(a, b, q[:, :, a:b], k[:, :, lo:c], v[:, :, lo:c], scale, lo, bias=key_bias.keys(at, positions(lo, c)),
+                       lse_shift=key_bias.rows(at, positions(q0 + a, q0 + b)))
+
+    for a in range(0, n, KEY_BIAS_FAR_BLOCK):
+        b = min(n, a + KEY_BIAS_FAR_BLOCK)
+        before(a, b, 0, q0 + a)
+        for s in range(a, b, KEY_BIAS_BLOCK):
+            e = min(b, s + KEY_BIAS_BLOCK)
+            before(s, e, q0 + a, q0 + s)
+            i = positions(q0 + s, q0 + e)
+            acc.attend(s, e, q[:, :, s:e], k[:, :, q0 + s : q0 + e], v[:, :, q0 + s : q0 + e], scale, q0 + s,
+                       causal=True, bias=bias(i, i))
 
 
 def _scaled(call: Call, group: RowGroup) -> torch.Tensor:
@@ -123,7 +178,9 @@ def run_plain(call: Call) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
         n, m = q.shape[2], k.shape[2]
         acc = _accumulator(call, q, k, v, bias)
-        if group.contiguous or bias is None:
+        if key_only is not None and group.contiguous and far_limit is None and type(acc) is kernels.Accumulator and not acc.dropout:
+            _key_bias_blocks(acc, q, k, v, call.scale, m - n, bias, key_only)
+        elif group.contiguous or bias is None:
             q0 = m - n
             start = 0 if far_limit is None else max(0, q0 - far_limit)
             block_bias = bias if key_only is None or not group.contiguous else key_only
