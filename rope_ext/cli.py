@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rope_ext.methods.spec import parse_spec, split_spec
+from rope_ext.train.config import MAX_THREADS
 
 if TYPE_CHECKING:
     from rope_ext.methods import MethodConfig
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2,dca"
 DEFAULT_LENGTHS = "4k,8k,12k"
 DTYPES = ("float32", "bfloat16", "float16")
-MAX_THREADS = 1024
 MAX_TRIALS = 10_000  # keys per cell: more is a typo, not a run
 
 

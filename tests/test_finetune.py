@@ -335,6 +335,7 @@ BAD_INPUTS = [
     (["--mixed-precision", "fp16"], r"--mixed-precision fp16: accelerate runs fp16 on GPUs only"),
     (["--target-length", "1"], r"--target-length: must be an integer >= 2, got 1"),
     (["--seed", "-1"], r"--seed: must be an integer in \[0, 2\*\*32 - 1\], got -1"),
+    (["--threads", "2000"], r"--threads: must be an integer in \[0, 1024\] \(0: torch's choice\), got 2000"),
     (["--s2-attn", "--window", "34"], r"--s2-attn with --window 34: .* every multiple of 4 works; the nearest lengths "
                                       r"that work: 32 and 36"),
 ]
@@ -444,3 +445,77 @@ def test_gradient_checkpointing_gives_the_gradients_of_the_plain_backward(method
     assert len(plain) == len(checkpointed) == len(list(model.parameters()))  # (every parameter has its gradient)
     for a, b in zip(plain, checkpointed):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_out_may_not_be_the_model_folder(checkpoint, tmp_path, capsys):
+    import shutil
+
+    model, files = checkpoint
+    shutil.copytree(model, tmp_path / "base")
+    before = sorted(p.name for p in (tmp_path / "base").iterdir())
+    for out in (tmp_path / "base", tmp_path / "base" / "run", tmp_path):
+        args = ["finetune", "--model", str(tmp_path / "base"), "--text-files", *files[:2], "--window", "32",
+                "--max-steps", "1", "--out", str(out), "--overwrite"]
+        assert main(args) == 2
+        assert "the --model folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "base").iterdir()) == before
+
+
+def test_a_length_past_a_learned_table_is_refused_before_anything_is_written(checkpoint, tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model, files = checkpoint
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=64)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "gpt2" / name).write_bytes((model / name).read_bytes())
+    args = ["finetune", "--model", str(tmp_path / "gpt2"), "--text-files", *files[:2], "--window", "32",
+            "--max-steps", "1", "--out", str(tmp_path / "out")]
+    assert main([*args, "--target-length", "128", "--pose"]) == 2
+    assert "--target-length 128: GPT2LMHeadModel's position table holds 64 positions;" in capsys.readouterr().err
+    assert main([*args, "--target-length", "256", "--methods", "abs_interp:factor=2"]) == 2
+    assert "holds 127 positions under --methods abs_interp:factor=2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main([*args, "--target-length", "128", "--methods", "abs_interp:factor=2.1"]) == 0
+
+
+def test_a_patchs_own_parameters_train_with_lora_and_merge(checkpoint, tmp_path):
+    """FIRE's MLP lives in the patch's container: LoRA lists it in ``modules_to_save`` (peft freezes it
+    otherwise), so it trains, is saved with the adapter and merges."""
+    run = finetune(_config(checkpoint, tmp_path / "run", methods="fire", max_steps=3, lr=1e-2))
+    adapter = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
+    assert "rope_ext" in adapter["modules_to_save"]
+    assert adapter["base_model_name_or_path"] == str(checkpoint[0].resolve())  # (absolute: peft resolves it anywhere)
+    fresh = rope_ext.patch(tiny_model("llama"), "fire").rope_ext.state_dict()
+    trained = rope_ext.core._anchor(run.model).rope_ext.modules_to_save["default"].state_dict()
+    assert trained.keys() == fresh.keys()
+    assert max((trained[k] - fresh[k]).abs().max() for k in fresh) > 1e-4
+    assert main(["merge", str(tmp_path / "run"), str(tmp_path / "merged")]) == 0
+    merged = rope_ext.from_pretrained(tmp_path / "merged").rope_ext.state_dict()
+    for key in fresh:
+        torch.testing.assert_close(merged[key], trained[key], rtol=0, atol=0)
+
+
+def test_merge_refuses_broken_folders_before_writing(checkpoint, tmp_path, capsys):
+    import shutil
+
+    finetune(_config(checkpoint, tmp_path / "run", max_steps=1))
+    cases = [(lambda f: (f / "adapter_model.safetensors").unlink(), "has no adapter weights"),
+             (lambda f: (f / "finetune.json").write_text("{"), "finetune.json is not valid JSON"),
+             (lambda f: (f / "finetune.json").write_text("{}"), "finetune.json names no base_model"),
+             (lambda f: [(f / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")], "its tokenizer does not load")]
+    for i, (breakage, message) in enumerate(cases):
+        shutil.copytree(tmp_path / "run", tmp_path / f"broken{i}")
+        breakage(tmp_path / f"broken{i}")
+        assert main(["merge", str(tmp_path / f"broken{i}"), str(tmp_path / f"merged{i}")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / f"merged{i}").exists()
+
+
+def test_yaml_numbers_in_exponent_form_are_numbers(tmp_path):
+    (tmp_path / "run.yaml").write_text("lr: 1e-4\nweight_decay: 2E-2\nwindow: 4k\n")
+    assert read_yaml(tmp_path / "run.yaml") == {"lr": 1e-4, "weight_decay": 0.02, "window": 4096}
+    (tmp_path / "run.yaml").write_text("lr: fast\n")
+    with pytest.raises(ValueError, match="lr: must be a number, got 'fast'"):
+        read_yaml(tmp_path / "run.yaml")

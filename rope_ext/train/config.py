@@ -21,6 +21,8 @@ TRAINABLE = ("embeddings", "norms")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant_with_warmup", "linear", "cosine", "constant")
 PRECISIONS = ("no", "bf16", "fp16")
+#: the most torch threads a command takes
+MAX_THREADS = 1024
 
 
 def _help(text: str, **metadata: Any) -> dict[str, Any]:
@@ -145,6 +147,8 @@ class LoopConfig:
         for name, low in self.AT_LEAST.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{_flag(name)}: must be an integer >= {low}, got {getattr(self, name)}")
+        if self.threads > MAX_THREADS:
+            raise ValueError(f"--threads: must be an integer in [0, {MAX_THREADS}] (0: torch's choice), got {self.threads}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"--seed: must be an integer in [0, 2**32 - 1], got {self.seed}")
         if self.text_files == []:
@@ -373,6 +377,11 @@ def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
                 value = parse_length(value)
             except ValueError:
                 raise ValueError(f"--config {path}: {key}: must be an integer (4k = 4096), got {value!r}") from None
+        elif "float" in kind and isinstance(value, str):  # (YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4)
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"--config {path}: {key}: must be a number, got {value!r}") from None
         if name == "methods" and isinstance(value, list):
             value = "+".join(map(str, value))
         values[name] = value

@@ -79,6 +79,12 @@ def check_folder(
 
     _folder(config.out)
     out = Path(config.out)
+    model = getattr(config, "model", None)
+    if model and model != "default" and os.path.isdir(model):  # (--overwrite there would delete the base's files)
+        base, into = Path(os.path.realpath(model)), Path(os.path.realpath(out))
+        if into == base or base in into.parents or into in base.parents:
+            raise ValueError(f"--out {config.out}: the --model folder {model} is there (or the one is inside the other); "
+                             "write the run to another folder")
     if not out.exists() or not any(out.iterdir()):
         return None
     saved_path = out / config_file
@@ -112,6 +118,21 @@ def _clear(out: Path, outputs: tuple[str, ...] = _OUTPUTS) -> None:
     remove_checkpoints(out)
     for name in outputs:
         (out / name).unlink(missing_ok=True)
+
+
+def _position_limit(model: nn.Module, methods: list) -> int | None:
+    """The positions ``model`` takes under ``methods`` (a learned table's rows or what a method reads of them;
+    ``None``: no limit); the model is left unpatched."""
+    from rope_ext.core import patched
+    from rope_ext.hooks.absolute import position_limit
+
+    if not methods:
+        return position_limit(model)
+    try:
+        with patched(model, methods):
+            return position_limit(model)
+    except (ValueError, TypeError, RuntimeError):
+        return None  # (the patch below names the error)
 
 
 def prepare(config: FinetuneConfig) -> dict[str, Any]:
@@ -153,8 +174,15 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
         unpatch(model)
     native = getattr(model.config, "max_position_embeddings", None)
     text, windows = run_text(config, tokenizer, data)
+    limit = _position_limit(model, training_patch := _training_patch(config))
+    if limit is not None and config.target > limit:
+        reach = "--target-length" if config.target_length is not None else "--window"
+        raise ValueError(
+            f"{reach} {config.target}: {type(model).__name__}'s position table holds {limit} positions"
+            f"{' under --methods ' + config.methods if config.methods != 'none' else ''}; give a length up to {limit}, "
+            "or a method that reads the table further (abs_interp, abs_hierarchical, sinusoidal) or replaces it (alibi)"
+        )
     targets = None if config.full else (config.lora_targets or default_targets(model))  # (read on the unpatched model)
-    training_patch = _training_patch(config)
     if training_patch:
         try:
             patch(model, training_patch)
@@ -328,6 +356,7 @@ def _save_outputs(config, parts, model: nn.Module, state: dict, progress, proces
     else:
         model.save_pretrained(out, state_dict=state)
         base.config.save_pretrained(out)
+        _name_base(out / "adapter_config.json", _resolved_options(config)["model"])
     parts["tokenizer"].save_pretrained(out)
     patch_in_use = get_patch(base, resolved=True)
     configs = patch_in_use if isinstance(patch_in_use, tuple) else [patch_in_use] if patch_in_use else []
@@ -343,6 +372,15 @@ def _save_outputs(config, parts, model: nn.Module, state: dict, progress, proces
         "full": config.full,
         **run_record(config, parts, progress, processes),
     }
+
+
+def _name_base(adapter_config: Path, base: str) -> None:
+    """peft's ``base_model_name_or_path`` as the absolute folder the run loaded (peft writes the path as typed,
+    which its ``AutoPeftModel`` resolves from wherever it runs); a hub id or ``default`` stays as peft wrote it."""
+    if base != "default" and os.path.isdir(base):
+        record = json.loads(adapter_config.read_text())
+        record["base_model_name_or_path"] = base
+        adapter_config.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def run_record(config: Any, parts: dict[str, Any], progress: Any, processes: int) -> dict[str, Any]:
@@ -384,8 +422,13 @@ def load_finetune_base(path: str | os.PathLike, dtype: torch.dtype | None = None
     from rope_ext.models import load_model
 
     path = Path(path)
-    record = json.loads((path / RUN_FILE).read_text())
-    name = record["base_model"]
+    try:
+        record = json.loads((path / RUN_FILE).read_text())
+    except ValueError as error:
+        raise ValueError(f"{path / RUN_FILE} is not valid JSON ({error}); re-run the fine-tune to write it") from None
+    name = record.get("base_model") if isinstance(record, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{path / RUN_FILE} names no base_model (the model the adapter was trained on)")
     if name != "default" and os.path.isabs(name) and not os.path.isdir(name):
         raise ValueError(f"{path}: its base model {name} ({RUN_FILE}'s base_model) is not found; the adapter needs it")
     base, _ = load_model(name, dtype=dtype or torch.float32)
@@ -423,13 +466,20 @@ def merge(folder: str | os.PathLike, out: str | os.PathLike, overwrite: bool = F
             + ("a --full fine-tune is a standalone model already (load it with rope_ext.from_pretrained)" if full else
                f"it lacks {RUN_FILE} and adapter_config.json; give the --out folder of rope-ext finetune")
         )
+    if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise ValueError(f"{folder} has no adapter weights (adapter_model.safetensors); re-run the fine-tune to write them")
     _folder(str(out))
     inside = Path(os.path.realpath(out))
     if inside == Path(os.path.realpath(folder)) or Path(os.path.realpath(folder)) in inside.parents:
         raise ValueError(f"{out} is the fine-tune folder or inside it; write the merged model to another folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out} is not empty; give a new folder or --overwrite")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)  # (before anything is written)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{folder}: its tokenizer does not load ({str(error).strip().splitlines()[0]}); the fine-tune "
+                         "saves it beside the adapter") from None
     model = load_finetuned(folder)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out

@@ -7,6 +7,8 @@ family's own locator, plus LongLoRA's "LoRA+" (embeddings and norms trained in f
 * ``embeddings`` is the module ``get_input_embeddings`` returns; ``norms`` are the leaf modules whose parameters are
   all vectors (LayerNorm, RMSNorm: every family's norm classes differ, their shape does not). A model whose output
   embedding is tied to its input embedding keeps them tied (peft's ``ensure_weight_tying``).
+* Parameters the patch owns (FIRE's MLP, KERPLE's ``r1, r2``: the ``rope_ext`` container) are trained in full too,
+  as ``modules_to_save`` (peft freezes every base weight, theirs included).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+from rope_ext.hooks.params import PARAMS_ATTR
 
 TASK_TYPE = "CAUSAL_LM"
 
@@ -94,9 +98,20 @@ def lora_model(model: nn.Module, r: int, alpha: float, dropout: float, targets: 
             f"{', '.join(valid)}"
         )
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    saved = modules_to_save(model, trainable)
+    if tied and "embeddings" in trainable:
+        output = model.get_output_embeddings()
+        tied_names = [name.rsplit(".", 1)[-1] for name, m in model.named_modules() if m is output and name]
+        if any(name in targets for name in tied_names):
+            raise ValueError(
+                f"--lora-targets {','.join(targets)}: {tied_names[0]} is tied to the input embeddings, which "
+                "--trainable embeddings trains in full; leave it out of the LoRA targets"
+            )
+    if isinstance(getattr(model, PARAMS_ATTR, None), nn.Module):  # (the patch's own learnable parameters)
+        saved.append(PARAMS_ATTR)
     config = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-        modules_to_save=modules_to_save(model, trainable) or None, task_type=TASK_TYPE,
+        modules_to_save=saved or None, task_type=TASK_TYPE,
         ensure_weight_tying=tied and "embeddings" in trainable,
     )
     return get_peft_model(model, config)
