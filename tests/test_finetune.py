@@ -519,3 +519,28 @@ def test_yaml_numbers_in_exponent_form_are_numbers(tmp_path):
     (tmp_path / "run.yaml").write_text("lr: fast\n")
     with pytest.raises(ValueError, match="lr: must be a number, got 'fast'"):
         read_yaml(tmp_path / "run.yaml")
+
+
+def test_a_resume_on_changed_data_or_base_weights_is_refused(checkpoint, tmp_path):
+    import shutil
+
+    model, files = checkpoint
+    shutil.copytree(model, tmp_path / "base")
+    shutil.copy(files[0], tmp_path / "a.txt")
+    config = _config(checkpoint, tmp_path / "run", model=str(tmp_path / "base"), text_files=[str(tmp_path / "a.txt")],
+                     max_steps=2, save_every=1)
+    finetune(config)
+    saved = json.loads((tmp_path / "run" / "inputs.json").read_text())
+    assert set(saved) == {"windows_sha256", "frozen_weights_sha256"}
+    longer = _config(checkpoint, tmp_path / "run", model=str(tmp_path / "base"), text_files=[str(tmp_path / "a.txt")],
+                     max_steps=3, save_every=1)
+    (tmp_path / "a.txt").write_text(Path(files[1]).read_text())
+    with pytest.raises(ValueError, match=r"trained on other windows under the same options"):
+        finetune(longer)
+    shutil.copy(files[0], tmp_path / "a.txt")
+    weights = tiny_model("llama", seed=1)
+    weights.save_pretrained(tmp_path / "base")
+    with pytest.raises(ValueError, match=r"trained on other frozen weights under the same options"):
+        finetune(longer)
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    assert finetune(longer).record["steps"] == 3  # (restored: it resumes)

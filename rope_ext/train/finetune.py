@@ -31,11 +31,13 @@ from rope_ext.train.config import FinetuneConfig
 
 RUN_FILE = "finetune.json"
 CONFIG_FILE = "finetune_config.json"
+#: what a run read beside its options (``input_fingerprints``), checked when it resumes
+INPUTS_FILE = "inputs.json"
 #: options a resumed run may change (the rest must equal the folder's): how often it logs, saves and evaluates, and
 #: how long it runs (with a schedule that does not depend on the length)
 MAY_CHANGE = ("eval_every", "log_every", "save_every", "keep_checkpoints", "threads", "out", "max_steps")
 _OUTPUTS = ("adapter_config.json", "adapter_model.safetensors", "model.safetensors", "config.json", RUN_FILE,
-            CONFIG_FILE, "loss.json", "loss.csv", "loss.png", "generation_config.json", "README.md")
+            CONFIG_FILE, INPUTS_FILE, "loss.json", "loss.csv", "loss.png", "generation_config.json", "README.md")
 
 
 def is_finetune_folder(path: str | os.PathLike) -> bool:
@@ -261,6 +263,41 @@ def finetune(config: FinetuneConfig, *, overwrite: bool = False, on_step=None) -
     return FinetuneRun(record, model)
 
 
+def input_fingerprints(parts: dict[str, Any]) -> dict[str, str]:
+    """SHA-256 of what a run reads beside its options: the training windows' token ids and, where some weights stay
+    frozen (LoRA), those weights as loaded. The same paths holding other text or another model give others."""
+    import hashlib
+
+    from rope_ext.hooks.params import PARAMS_ATTR
+
+    windows = parts["dataset"].windows.contiguous()
+    found = {"windows_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest()}
+    frozen = [(name, p) for name, p in parts["model"].named_parameters()  # (a patch's own: initialised, not read)
+              if not p.requires_grad and f"{PARAMS_ATTR}." not in name]
+    if frozen:
+        digest = hashlib.sha256()
+        for name, p in frozen:
+            digest.update(name.encode())
+            digest.update(p.detach().float().contiguous().cpu().numpy().tobytes())
+        found["frozen_weights_sha256"] = digest.hexdigest()
+    return found
+
+
+def check_inputs(out: Path, inputs: dict[str, str]) -> None:
+    """Refuse to resume a run whose data or base model changed under the same paths (a folder written before the
+    fingerprints were recorded resumes unchecked)."""
+    try:
+        saved = json.loads((out / INPUTS_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    changed = [k.removesuffix("_sha256").replace("_", " ") for k in inputs if saved.get(k) not in (None, inputs[k])]
+    if changed:
+        raise ValueError(
+            f"--out {out}: its run was trained on other {' and '.join(changed)} under the same options (a file or the "
+            "model changed since); restore them to resume, or give another --out, or --overwrite"
+        )
+
+
 def train_into_folder(
     config: Any,
     parts: dict[str, Any],
@@ -284,9 +321,13 @@ def train_into_folder(
     out = Path(config.out)
     if overwrite and out.exists():
         _clear(out, outputs)
+    inputs = input_fingerprints(parts)
+    if resumed is not None:
+        check_inputs(out, inputs)
     out.mkdir(parents=True, exist_ok=True)
     if resumed is None:
         (out / config_file).write_text(json.dumps(_resolved_options(config), indent=1) + "\n")
+        (out / INPUTS_FILE).write_text(json.dumps(inputs, indent=1) + "\n")
     held_out = parts["text"].held_out
     evaluate = None if held_out is None else fixed_target_evaluation(
         held_out, config.target, config.eval_target_tokens, parts.get("protocol", "fixed"), parts["tokenizer"])

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 from rope_ext.train.config import TrainConfig
+from rope_ext.train.finetune import INPUTS_FILE
 
 RUN_FILE = "train.json"
 CONFIG_FILE = "train_config.json"
-_OUTPUTS = ("model.safetensors", "config.json", "generation_config.json", RUN_FILE, CONFIG_FILE, "loss.json",
-            "loss.csv", "loss.png", "README.md")
+_OUTPUTS = ("model.safetensors", "config.json", "generation_config.json", RUN_FILE, CONFIG_FILE, INPUTS_FILE,
+            "loss.json", "loss.csv", "loss.png", "README.md")
 
 
 def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
