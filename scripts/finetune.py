@@ -1,6 +1,6 @@
 """Fine-tune a patched model for a longer context: `rope-ext finetune` (options: --help; README, "Fine-tuning").
 
-    python scripts/finetune.py --config examples/finetune/yarn_pose.yaml
+    python scripts/finetune.py --config examples/finetune/yarn_pose_32k.yaml
     accelerate launch --config_file examples/accelerate/ddp.yaml scripts/finetune.py --config run.yaml
 """
 

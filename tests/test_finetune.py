@@ -544,3 +544,15 @@ def test_a_resume_on_changed_data_or_base_weights_is_refused(checkpoint, tmp_pat
         finetune(longer)
     tiny_model("llama").save_pretrained(tmp_path / "base")
     assert finetune(longer).record["steps"] == 3  # (restored: it resumes)
+
+
+def test_a_flag_replaces_what_the_file_says_of_the_same_thing(tmp_path):
+    (tmp_path / "run.yaml").write_text(
+        "dataset: /data/kjv\nexclude: Psalms,Isaiah\neval_document: Psalms\ntrainable: embeddings,norms\nlora_r: 4\n")
+    config = FinetuneConfig.from_sources(tmp_path / "run.yaml", {"text_files": ["a.txt"], "full": True})
+    assert (config.dataset, config.text_files, config.exclude, config.eval_document) == (None, ["a.txt"], [], None)
+    assert config.full and config.trainable == [] and config.lora_r == FinetuneConfig.lora_r
+    kept = FinetuneConfig.from_sources(tmp_path / "run.yaml", {"text_files": ["a.txt"], "exclude": ["a.txt"]})
+    assert kept.exclude == ["a.txt"] and kept.trainable == ["embeddings", "norms"] and kept.lora_r == 4
+    with pytest.raises(ValueError, match="a LoRA option, but --full"):
+        FinetuneConfig.from_sources(tmp_path / "run.yaml", {"full": True, "lora_r": 16})

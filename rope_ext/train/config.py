@@ -78,6 +78,13 @@ class LoopConfig:
         "window": 2, "micro_batch": 1, "accumulation": 1, "max_steps": 1, "warmup_steps": 0, "eval_every": 0,
         "eval_target_tokens": 1, "save_every": 0, "keep_checkpoints": 1, "log_every": 1, "threads": 0,
     }
+    #: a flag -> the file's options it replaces (``--text-files`` over a file's ``dataset`` and the documents it
+    #: names; ``--full`` over its LoRA options), unless flags give them too
+    REPLACES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "text_files": ("dataset", "split", "text_column", "exclude", "eval_document"),
+        "dataset": ("text_files", "exclude", "eval_document"),
+        "full": ("trainable", "lora_targets", "lora_r", "lora_alpha", "lora_dropout"),
+    }
     #: number options and their ranges: (name, low, low included, high, high included)
     RANGES: ClassVar[tuple[tuple[str, float, bool, float | None, bool], ...]] = (
         ("lr", 0, False, None, False), ("weight_decay", 0, True, None, False), ("adam_beta2", 0, True, 1, False),
@@ -96,9 +103,16 @@ class LoopConfig:
     def from_sources(cls, file: str | Path | None = None, flags: dict[str, Any] | None = None) -> LoopConfig:
         """The configuration of ``file`` (YAML) with ``flags`` (given flags only) on top; checked."""
         values: dict[str, Any] = {}
+        given = {k: v for k, v in (flags or {}).items() if v is not None}
         if file is not None:
             values.update(read_yaml(file, cls))
-        values.update({k: v for k, v in (flags or {}).items() if v is not None})
+            # (a flag replaces what the file says of the same thing: the data source, LoRA under --full)
+            for flag, replaced in cls.REPLACES.items():
+                if flag in given and given[flag] not in (False, None):
+                    for name in replaced:
+                        if name not in given:
+                            values.pop(name, None)
+        values.update(given)
         config = cls(**values)
         config.check()
         # (a run's saved options hold every default: Adam's beta2 refused with SGD only where it is another value)
