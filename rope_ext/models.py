@@ -139,7 +139,13 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
         if extra:
             raise ValueError(f"{path} is a fine-tune folder (its base loads as it was trained); it takes dtype only, "
                              f"not {', '.join(extra)}")
-        return load_finetune_base(path, kwargs.get("dtype"))
+        dtype = kwargs.get("dtype")
+        if isinstance(dtype, str):  # (transformers' spellings: "auto" is the checkpoint's, here float32's)
+            named = None if dtype == "auto" else getattr(torch, dtype, None)
+            if dtype != "auto" and not isinstance(named, torch.dtype):
+                raise ValueError(f"dtype={dtype!r}: give a torch dtype, its name (e.g. 'bfloat16') or 'auto'")
+            dtype = named
+        return load_finetune_base(path, dtype)
 
     from rope_ext.core import loaded_as_patched, patch, saved_patch
     from rope_ext.hooks.params import PARAMS_ATTR, container_of

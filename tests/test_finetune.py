@@ -433,6 +433,10 @@ def test_from_pretrained_of_a_finetune_folder_takes_dtype_only(checkpoint, tmp_p
     with pytest.raises(ValueError, match=r"takes dtype only, not revision"):
         rope_ext.from_pretrained(tmp_path / "run", revision="main")
     assert next(load_finetune_base(tmp_path / "run", torch.float64).parameters()).dtype == torch.float64
+    assert next(rope_ext.from_pretrained(tmp_path / "run", dtype="bfloat16").parameters()).dtype == torch.bfloat16
+    assert next(rope_ext.from_pretrained(tmp_path / "run", dtype="auto").parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"dtype='fast': give a torch dtype, its name"):
+        rope_ext.from_pretrained(tmp_path / "run", dtype="fast")
 
 
 @pytest.mark.parametrize("methods", ["dca", "yarn:factor=4+s2_attn", "self_extend:G=4"])
