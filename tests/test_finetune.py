@@ -335,6 +335,8 @@ BAD_INPUTS = [
     (["--mixed-precision", "fp16"], r"--mixed-precision fp16: accelerate runs fp16 on GPUs only"),
     (["--target-length", "1"], r"--target-length: must be an integer >= 2, got 1"),
     (["--seed", "-1"], r"--seed: must be an integer in \[0, 2\*\*32 - 1\], got -1"),
+    (["--pose", "--target-length", "32"], r"--pose: PoSE's positions skip ahead up to --target-length, which is the window \(32\)"),
+    (["--s2-group-ratio", "0.5"], r"--s2-group-ratio: an S2-Attn option; give --s2-attn too"),
     (["--threads", "2000"], r"--threads: must be an integer in \[0, 1024\] \(0: torch's choice\), got 2000"),
     (["--s2-attn", "--window", "34"], r"--s2-attn with --window 34: .* every multiple of 4 works; the nearest lengths "
                                       r"that work: 32 and 36"),

@@ -249,6 +249,13 @@ class FinetuneConfig(LoopConfig):
             given += [name for name in ("lora_r", "lora_alpha", "lora_dropout") if getattr(self, name) != defaults[name]]
             if given:
                 raise ValueError(f"{_flag(given[0])}: a LoRA option, but --full trains every parameter; leave one out")
+        if self.pose and self.target <= self.window:
+            raise ValueError(
+                f"--pose: PoSE's positions skip ahead up to --target-length, which is the window ({self.window}) here; "
+                "give a --target-length above the window, or leave --pose out"
+            )
+        if not self.s2_attn and self.s2_group_ratio != type(self).s2_group_ratio:
+            raise ValueError("--s2-group-ratio: an S2-Attn option; give --s2-attn too, or leave it out")
         if self.s2_attn:
             from rope_ext.methods.attention import s2_group_size
 
