@@ -212,7 +212,7 @@ def test_fixed_protocol_lengths_up_to_the_target_are_an_error(tmp_path, tiny_che
     checkpoint, _ = tiny_checkpoint
     text, out = _text(tmp_path / "doc.txt", 400), tmp_path / "run"
     assert _ppl(checkpoint, out, lengths="16,64", text=text) == 2
-    assert ("rope-ext: error: --lengths 16: not above --target-tokens 16: the fixed protocol scores the last "
+    assert ("rope-ext: error: --lengths 16: not above --target-tokens 16: the fixed-target protocol scores the last "
             "--target-tokens tokens of each length") in capsys.readouterr().err
     assert not out.exists()
 
