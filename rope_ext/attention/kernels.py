@@ -193,8 +193,10 @@ def lse_attention(
         mask = None
         if allowed is not None:
             mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
-        if bias is not None:  # [1, h or 1, n, m]: the flash op takes a 4D mask (2D or 4D only)
-            mask = bias.to(q.dtype)[None] if mask is None else (bias.to(q.dtype) + mask)[None]
+        if bias is not None:  # [1, h or 1, n, m]: the flash op takes a 4D mask (2D or 4D only); in float32 for a
+            # bf16/fp16 call too (the op adds it to its float32 scores: a bias rounded to 8 bits lost a whole unit)
+            bias = bias.to(accumulation_dtype(q.dtype))
+            mask = bias[None] if mask is None else (bias + mask)[None]
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p=0.0, is_causal=causal, attn_mask=mask, scale=scale
         )
