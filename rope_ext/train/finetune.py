@@ -102,7 +102,8 @@ def check_folder(
     except ValueError:
         raise ValueError(f"--out {config.out}: {config_file} is unreadable; give --overwrite to start again") from None
     current = _resolved_options(config)
-    differ = [k for k in sorted(set(saved) | set(current)) if k not in MAY_CHANGE and saved.get(k) != current.get(k)]
+    differ = [k for k in sorted(set(saved) | set(current))
+              if k not in MAY_CHANGE and _comparable(k, saved.get(k)) != _comparable(k, current.get(k))]
     if "max_steps" not in differ and saved.get("max_steps") != current["max_steps"] and config.schedule in ("linear", "cosine"):
         differ.append("max_steps")  # (the schedule's length: a resumed run would follow another curve)
     if differ:
@@ -112,6 +113,19 @@ def check_folder(
             "or give another --out, or --overwrite"
         )
     return saved
+
+
+def _comparable(key: str, value: Any) -> Any:
+    """An option as a resume compares it: the methods as their configs, so equal spellings are one
+    (``yarn:factor=4.0`` and ``yarn:factor=4``)."""
+    from rope_ext.train.config import one_spec
+
+    if key == "methods" and isinstance(value, str):
+        try:
+            return [c.to_dict() for c in one_spec(value)]
+        except (ValueError, TypeError):
+            return value
+    return value
 
 
 def _clear(out: Path, outputs: tuple[str, ...] = _OUTPUTS) -> None:
