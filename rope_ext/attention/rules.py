@@ -124,8 +124,8 @@ def _key_bias_blocks(acc: kernels.Accumulator, q, k, v, scale: float, q0: int, b
     def before(a: int, b: int, lo: int, c: int) -> None:  # queries a..b-1 against the keys lo..c-1, c = q0 + a
         if c > lo:
             at = torch.tensor(float(c), device=device)
-            acc.attend(a, b, q[:, :, a:b], k[:, :, lo:c], v[:, :, lo:c], scale, lo, bias=key_bias.keys(at, positions(lo, c)),
-                       lse_shift=key_bias.rows(at, positions(q0 + a, q0 + b)))
+            acc.attend(a, b, q[:, :, a:b], k[:, :, lo:c], v[:, :, lo:c], scale, lo,
+                       bias=key_bias.keys(at, positions(lo, c)), lse_shift=key_bias.rows(at, positions(q0 + a, q0 + b)))
 
     for a in range(0, n, KEY_BIAS_FAR_BLOCK):
         b = min(n, a + KEY_BIAS_FAR_BLOCK)
@@ -178,7 +178,8 @@ def run_plain(call: Call) -> torch.Tensor:
         q, k, v = _scaled(call, group), group.k, group.v
         n, m = q.shape[2], k.shape[2]
         acc = _accumulator(call, q, k, v, bias)
-        if key_only is not None and group.contiguous and far_limit is None and type(acc) is kernels.Accumulator and not acc.dropout:
+        inference = type(acc) is kernels.Accumulator and not acc.dropout  # (not decode, not recorded for training)
+        if key_only is not None and group.contiguous and far_limit is None and inference:
             _key_bias_blocks(acc, q, k, v, call.scale, m - n, bias, key_only)
         elif group.contiguous or bias is None:
             q0 = m - n

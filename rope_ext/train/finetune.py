@@ -85,8 +85,8 @@ def check_folder(
     if model and model != "default" and os.path.isdir(model):  # (--overwrite there would delete the base's files)
         base, into = Path(os.path.realpath(model)), Path(os.path.realpath(out))
         if into == base or base in into.parents or into in base.parents:
-            raise ValueError(f"--out {config.out}: the --model folder {model} is there (or the one is inside the other); "
-                             "write the run to another folder")
+            raise ValueError(f"--out {config.out}: the --model folder {model} is there (or the one is inside the "
+                             "other); write the run to another folder")
     if not out.exists() or not any(out.iterdir()):
         return None
     saved_path = out / config_file
