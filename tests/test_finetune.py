@@ -565,3 +565,11 @@ def test_a_flag_replaces_what_the_file_says_of_the_same_thing(tmp_path):
     assert kept.exclude == ["a.txt"] and kept.trainable == ["embeddings", "norms"] and kept.lora_r == 4
     with pytest.raises(ValueError, match="a LoRA option, but --full"):
         FinetuneConfig.from_sources(tmp_path / "run.yaml", {"full": True, "lora_r": 16})
+
+
+def test_gradient_checkpointing_leaves_the_saved_config_using_the_cache(checkpoint, tmp_path):
+    finetune(_config(checkpoint, tmp_path / "run", max_steps=1, gradient_checkpointing=True))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["use_cache"] is True
+    finetune(_config(checkpoint, tmp_path / "full", max_steps=1, gradient_checkpointing=True, full=True,
+                      lora_dropout=FinetuneConfig.lora_dropout))
+    assert json.loads((tmp_path / "full" / "config.json").read_text())["use_cache"] is True

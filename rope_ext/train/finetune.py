@@ -189,6 +189,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
               f"under --methods {config.methods}")
         unpatch(model)
     native = getattr(model.config, "max_position_embeddings", None)
+    use_cache = getattr(model.config, "use_cache", None)
     text, windows = run_text(config, tokenizer, data)
     limit = _position_limit(model, training_patch := _training_patch(config))
     if limit is not None and config.target > limit:
@@ -206,7 +207,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
             raise ValueError(f"--methods {config.methods}{' with --s2-attn' if config.s2_attn else ''}: {error}") from None
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        model.config.use_cache = False  # (training only: _save_outputs writes the model's own value back)
     if config.full:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -216,6 +217,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
         "model": model,
         "tokenizer": tokenizer,
         "native": native,
+        "use_cache": use_cache,
         "text": text,
         "dataset": WindowDataset(windows),
         "collate": Collator(config.target, config.pose, config.seed),
@@ -402,6 +404,8 @@ def _save_outputs(config, parts, model: nn.Module, state: dict, progress, proces
 
     out = Path(config.out)
     base = _anchor(model)
+    if parts.get("use_cache") is not None:  # (gradient checkpointing turned it off for training)
+        base.config.use_cache = parts["use_cache"]
     if config.s2_attn:  # the saved patch is the inference one: S2-Attn trains only
         unpatch(base)
         if _methods(config):
