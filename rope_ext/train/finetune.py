@@ -83,8 +83,7 @@ def check_folder(
     out = Path(config.out)
     model = getattr(config, "model", None)
     if model and model != "default" and os.path.isdir(model):  # (--overwrite there would delete the base's files)
-        base, into = Path(os.path.realpath(model)), Path(os.path.realpath(out))
-        if into == base or base in into.parents or into in base.parents:
+        if _within(out, model) or _within(model, out):
             raise ValueError(f"--out {config.out}: the --model folder {model} is there (or the one is inside the "
                              "other); write the run to another folder")
     if not out.exists() or not any(out.iterdir()):
@@ -115,6 +114,12 @@ def check_folder(
     return saved
 
 
+def _within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or inside it (links resolved)."""
+    path, folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return path == folder or folder in path.parents
+
+
 def _comparable(key: str, value: Any) -> Any:
     """An option as a resume compares it: the methods as their configs, so equal spellings are one
     (``yarn:factor=4.0`` and ``yarn:factor=4``)."""
@@ -136,25 +141,11 @@ def _clear(out: Path, outputs: tuple[str, ...] = _OUTPUTS) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _position_limit(model: nn.Module, methods: list) -> int | None:
-    """The positions ``model`` takes under ``methods`` (a learned table's rows or what a method reads of them;
-    ``None``: no limit); the model is left unpatched."""
-    from rope_ext.core import patched
-    from rope_ext.hooks.absolute import position_limit
-
-    if not methods:
-        return position_limit(model)
-    try:
-        with patched(model, methods):
-            return position_limit(model)
-    except (ValueError, TypeError, RuntimeError):
-        return None  # (the patch below names the error)
-
-
 def prepare(config: FinetuneConfig) -> dict[str, Any]:
     """Every check and everything loaded, before anything is written: the model patched and wrapped, the data."""
     from rope_ext.core import get_patch, patch, unpatch
     from rope_ext.eval.data import load_documents
+    from rope_ext.hooks.absolute import position_limit
     from rope_ext.models import MissingTokenizer, load_model
     from rope_ext.train.data import Collator, WindowDataset, run_text
     from rope_ext.train.lora import count_parameters, default_targets, lora_model
@@ -191,7 +182,14 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     native = getattr(model.config, "max_position_embeddings", None)
     use_cache = getattr(model.config, "use_cache", None)
     text, windows = run_text(config, tokenizer, data)
-    limit = _position_limit(model, training_patch := _training_patch(config))
+    targets = None if config.full else (config.lora_targets or default_targets(model))  # (read on the unpatched model)
+    training_patch = _training_patch(config)
+    if training_patch:
+        try:
+            patch(model, training_patch)
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise ValueError(f"--methods {config.methods}{' with --s2-attn' if config.s2_attn else ''}: {error}") from None
+    limit = position_limit(model)  # (a learned table's rows, or what the patch reads of them)
     if limit is not None and config.target > limit:
         reach = "--target-length" if config.target_length is not None else "--window"
         raise ValueError(
@@ -199,12 +197,6 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
             f"{' under --methods ' + config.methods if config.methods != 'none' else ''}; give a length up to {limit}, "
             "or a method that reads the table further (abs_interp, abs_hierarchical, sinusoidal) or replaces it (alibi)"
         )
-    targets = None if config.full else (config.lora_targets or default_targets(model))  # (read on the unpatched model)
-    if training_patch:
-        try:
-            patch(model, training_patch)
-        except (ValueError, TypeError, RuntimeError) as error:
-            raise ValueError(f"--methods {config.methods}{' with --s2-attn' if config.s2_attn else ''}: {error}") from None
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # (training only: _save_outputs writes the model's own value back)
@@ -413,9 +405,12 @@ def _save_outputs(config, parts, model: nn.Module, state: dict, progress, proces
     if config.full:
         base.save_pretrained(out, state_dict=state)
     else:
+        name = _resolved_options(config)["model"]
+        if name != "default" and os.path.isdir(name):  # (absolute: peft writes the path as typed otherwise, which
+            for adapter in model.peft_config.values():  # its AutoPeftModel resolves from wherever it runs)
+                adapter.base_model_name_or_path = name
         model.save_pretrained(out, state_dict=state)
         base.config.save_pretrained(out)
-        _name_base(out / "adapter_config.json", _resolved_options(config)["model"])
     parts["tokenizer"].save_pretrained(out)
     patch_in_use = get_patch(base, resolved=True)
     configs = patch_in_use if isinstance(patch_in_use, tuple) else [patch_in_use] if patch_in_use else []
@@ -431,15 +426,6 @@ def _save_outputs(config, parts, model: nn.Module, state: dict, progress, proces
         "full": config.full,
         **run_record(config, parts, progress, processes),
     }
-
-
-def _name_base(adapter_config: Path, base: str) -> None:
-    """peft's ``base_model_name_or_path`` as the absolute folder the run loaded (peft writes the path as typed,
-    which its ``AutoPeftModel`` resolves from wherever it runs); a hub id or ``default`` stays as peft wrote it."""
-    if base != "default" and os.path.isdir(base):
-        record = json.loads(adapter_config.read_text())
-        record["base_model_name_or_path"] = base
-        adapter_config.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def run_record(config: Any, parts: dict[str, Any], progress: Any, processes: int) -> dict[str, Any]:
@@ -528,8 +514,7 @@ def merge(folder: str | os.PathLike, out: str | os.PathLike, overwrite: bool = F
     if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise ValueError(f"{folder} has no adapter weights (adapter_model.safetensors); re-run the fine-tune to write them")
     _folder(str(out))
-    inside = Path(os.path.realpath(out))
-    if inside == Path(os.path.realpath(folder)) or Path(os.path.realpath(folder)) in inside.parents:
+    if _within(out, folder):
         raise ValueError(f"{out} is the fine-tune folder or inside it; write the merged model to another folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out} is not empty; give a new folder or --overwrite")

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from rope_ext.hooks.params import PARAMS_ATTR
+from rope_ext.hooks.params import PARAMS_ATTR, container_of
 
 TASK_TYPE = "CAUSAL_LM"
 
@@ -71,11 +71,15 @@ def norm_names(model: nn.Module) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _names_of(model: nn.Module, module: nn.Module | None) -> list[str]:
+    """The last names under which ``module`` sits in ``model``."""
+    return [name.rsplit(".", 1)[-1] for name, m in model.named_modules() if m is module and name]
+
+
 def modules_to_save(model: nn.Module, trainable: list[str]) -> list[str]:
     names: list[str] = []
     if "embeddings" in trainable:
-        embeddings = model.get_input_embeddings()
-        names += [name.rsplit(".", 1)[-1] for name, m in model.named_modules() if m is embeddings]
+        names += _names_of(model, model.get_input_embeddings())
     if "norms" in trainable:
         found = norm_names(model)
         if not found:
@@ -100,14 +104,13 @@ def lora_model(model: nn.Module, r: int, alpha: float, dropout: float, targets: 
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     saved = modules_to_save(model, trainable)
     if tied and "embeddings" in trainable:
-        output = model.get_output_embeddings()
-        tied_names = [name.rsplit(".", 1)[-1] for name, m in model.named_modules() if m is output and name]
+        tied_names = _names_of(model, model.get_output_embeddings())
         if any(name in targets for name in tied_names):
             raise ValueError(
                 f"--lora-targets {','.join(targets)}: {tied_names[0]} is tied to the input embeddings, which "
                 "--trainable embeddings trains in full; leave it out of the LoRA targets"
             )
-    if isinstance(getattr(model, PARAMS_ATTR, None), nn.Module):  # (the patch's own learnable parameters)
+    if container_of(model) is not None:  # (the patch's own learnable parameters)
         saved.append(PARAMS_ATTR)
     config = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
