@@ -1,9 +1,12 @@
 """T5 and the families that share its attention code (mT5, UMT5): relative-position bucket tables, no rotary
 module and no absolute table; the sites of ``rope_ext.hooks.buckets``.
 
+Patched, every attention module (self and cross) runs rope_ext's attention with the bias block by block
+(``rope_ext.attention.relative``): the cross-attention modules, which have no table (no positions), are found by
+name (``EncDecAttention``) and run plain attention.
+
 T5 and mT5 keep a table in the first self-attention layer of each stack (encoder, decoder), UMT5 one in every
-self-attention layer; each such module (``has_relative_attention_bias``) is a bucket site. The cross-attention
-modules have no table (no positions) and are left alone.
+self-attention layer; each such module (``has_relative_attention_bias``) is a bucket site.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ class BucketFamily(FamilyAdapter):
         tables = [m for m in model.modules() if id(m) in found]  # (in the model's order: encoder first)
         if not tables:
             raise ValueError(f"{self.name}: found no attention module with a relative-position bias table")
-        return Sites(model.config, {BucketSite.kind: [BucketSite(self.name, tables)]}, model)
+        found = set(map(id, self._attention(model)))
+        attention = [(m, name.endswith("EncDecAttention")) for name, m in model.named_modules() if id(m) in found]
+        return Sites(model.config, {BucketSite.kind: [BucketSite(self.name, tables, model, attention)]}, model)
 
 
 for _name, _module, _class in [

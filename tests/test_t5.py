@@ -4,6 +4,7 @@ hand-computed points are written out with the formula they come from."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -153,7 +154,7 @@ def test_the_patched_bias_is_transformers_bias_on_divided_distances(family):
         scaled = torch.sign(rel) * torch.div(rel.abs(), 4, rounding_mode="floor")
         buckets = T5_BUCKETS(scaled, not module.is_decoder, 32, 128)
         expected = module.relative_attention_bias.weight[buckets].permute(2, 0, 1)[None]
-        assert torch.equal(module.compute_bias(q, k, past_seen_tokens=past), expected)
+        assert torch.equal(module.compute_bias(q, k, past_seen_tokens=past).dense(), expected)
 
 
 @pytest.mark.parametrize(("spec", "new_tokens"), [("t5_bucket_scale:factor=2", 6), ("t5_bucket_extend:factor=8", 130)])
@@ -210,6 +211,9 @@ def test_a_grown_table_trains_saves_and_reloads(tmp_path):
         "buckets per direction",
         "  decoder.block.0.layer.0.SelfAttention.compute_bias: t5_bucket_extend(factor=8) buckets, a grown table of 48 "
         "buckets per direction",
+        "  attention layers 0-1 (encoder self-attention: bidirectional relative bias, block by block)",
+        "  attention layers 0-1 (decoder self-attention: causal relative bias, block by block)",
+        "  attention layers 0-1 (cross-attention: plain (no positions))",
         "  parameters owned: 368 (368 trainable) under 'rope_ext.'",
     ]
     # a step of training moves the grown rows (distances past the old reach occur in 300 tokens)
@@ -339,3 +343,155 @@ def test_a_factor_beyond_int64_runs_as_a_float():
         huge = forward(model, encoder_ids, decoder_ids)
     with rope_ext.patched(model, "t5_bucket_scale", factor=1e6):
         assert torch.equal(forward(model, encoder_ids, decoder_ids), huge)
+
+
+# --- the bias block by block (rope_ext.attention.relative) -------------------------------------------------
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """The strided path on every call, in calls of 48 queries and causal squares of 16 (several of each)."""
+    from rope_ext.attention import relative
+
+    monkeypatch.setattr(relative, "DENSE_ELEMENTS", 0)
+    monkeypatch.setattr(relative, "RELATIVE_BLOCK", 48)
+    monkeypatch.setattr(relative, "RELATIVE_SQUARE", 16)
+    return relative
+
+
+def reference_forward(model, encoder_ids, decoder_ids, **kwargs):
+    from rope_ext.attention.program import kernel_override
+    from rope_ext.attention.reference import relative_reference
+
+    with kernel_override(relative_reference):
+        return forward(model, encoder_ids, decoder_ids, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["t5", "umt5"])
+def test_the_blockwise_bias_equals_transformers_materialised_one(small_blocks, family):
+    """At identity settings the strided path (several blocks and squares, encoder and decoder) gives transformers'
+    own logits, where the bias is one [1, heads, q, k] tensor."""
+    model = tiny_t5(family)
+    encoder_ids, decoder_ids = ids(170), ids(100, seed=2)
+    base = forward(model, encoder_ids, decoder_ids)
+    with rope_ext.patched(model, "t5_bucket_scale:factor=1"):
+        torch.testing.assert_close(forward(model, encoder_ids, decoder_ids), base, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("spec", ["t5_bucket_scale:factor=4", "t5_bucket_extend:factor=8"])
+def test_the_blockwise_bias_equals_the_reference_with_padding_of_every_kind(small_blocks, spec):
+    """Against the bias written out and one float64 softmax: a right-padded row, a left-padded one and one with a
+    hole (its keys compacted, the bias by position), in the encoder and in the decoder."""
+    model = tiny_t5()
+    rope_ext.patch(model, spec)
+    if "extend" in spec:
+        with torch.no_grad():
+            for table in model.rope_ext.t5_bucket_extend.tables:
+                table.weight.normal_()
+    encoder_ids, decoder_ids = ids(150, batch=3), ids(70, batch=3, seed=2)
+    mask = torch.ones(3, 150, dtype=torch.long)
+    mask[0, 120:], mask[1, :25], mask[2, 60:75] = 0, 0, 0
+    decoder_mask = torch.ones(3, 70, dtype=torch.long)
+    decoder_mask[0, 50:], decoder_mask[2, 30:33] = 0, 0
+    options = dict(attention_mask=mask, decoder_attention_mask=decoder_mask)
+    fast = forward(model, encoder_ids, decoder_ids, **options)
+    expected = reference_forward(model, encoder_ids, decoder_ids, **options)
+    torch.testing.assert_close(fast, expected, rtol=0, atol=2e-5)
+    plain = forward(model, encoder_ids, decoder_ids)
+    torch.testing.assert_close(plain, reference_forward(model, encoder_ids, decoder_ids), rtol=0, atol=2e-5)
+
+
+def test_the_strided_path_never_writes_out_a_call_sized_bias(small_blocks, monkeypatch):
+    """The bias's values are asked for one distance vector per call (n + m - 1 of them), never for a [q, k] grid,
+    and transformers' cross-attention zeros are not made (the marker reaches the module)."""
+    from rope_ext.attention.relative import NO_POSITIONS, RelativeBias
+
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_scale:factor=2")
+    sizes = []
+    original = RelativeBias.at
+
+    def spy(self, rel):
+        sizes.append(rel.numel())
+        return original(self, rel)
+
+    monkeypatch.setattr(RelativeBias, "at", spy)
+    monkeypatch.setattr(RelativeBias, "dense", lambda self: pytest.fail("dense() on the fast path"))
+    seen = []
+    cross = model.decoder.block[0].layer[1].EncDecAttention
+    handle = cross.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("position_bias")), with_kwargs=True)
+    vectors = []
+    values = model.encoder.block[0].layer[0].SelfAttention.compute_bias.values
+    monkeypatch.setattr(type(model.encoder.block[0].layer[0].SelfAttention.compute_bias), "values",
+                        lambda self, rel: vectors.append(rel.numel()) or values.__func__(self, rel))
+    forward(model, ids(200), ids(90, seed=2))
+    handle.remove()
+    assert sizes == []  # (the squares read their bias from the call's vector too)
+    assert sorted(set(vectors)) == [90 + 90 - 1, 200 + 200 - 1]  # (decoder, encoder: once per call)
+    assert seen == [NO_POSITIONS]
+
+
+def test_generation_with_the_cache_on_the_strided_path_equals_the_full_forward(small_blocks):
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_scale:factor=2")
+    encoder_ids = ids(120, batch=2)
+    mask = torch.ones(2, 120, dtype=torch.long)
+    mask[1, 90:] = 0
+    with torch.no_grad():
+        out = model.generate(encoder_ids, attention_mask=mask, max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    full = forward(model, encoder_ids, out.sequences[:, :-1], attention_mask=mask)
+    for step, step_logits in enumerate(out.logits):
+        torch.testing.assert_close(step_logits, full[:, step], rtol=0, atol=2e-5)
+
+
+def test_training_gradients_on_the_strided_path_equal_the_references(small_blocks):
+    """The recorded calls' backward (bias views of one vector) against autograd through the written-out bias: the
+    grown tables', the projections' gradients."""
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_extend:factor=8")
+    with torch.no_grad():
+        for table in model.rope_ext.t5_bucket_extend.tables:
+            table.weight.normal_()
+    encoder_ids, decoder_ids = ids(130), ids(60, seed=2)
+
+    def _loss(model, encoder_ids, decoder_ids):
+        return model(input_ids=encoder_ids, decoder_input_ids=decoder_ids, labels=decoder_ids).loss
+
+    model.zero_grad()
+    _loss(model, encoder_ids, decoder_ids).backward()
+    fast = [p.grad.clone() for p in (*model.rope_ext.parameters(), model.encoder.block[1].layer[0].SelfAttention.q.weight)]
+    model.zero_grad()
+    from rope_ext.attention.program import kernel_override
+    from rope_ext.attention.reference import relative_reference
+
+    with kernel_override(relative_reference):
+        _loss(model, encoder_ids, decoder_ids).backward()
+    expected = [p.grad.clone() for p in (*model.rope_ext.parameters(), model.encoder.block[1].layer[0].SelfAttention.q.weight)]
+    assert all(g.abs().sum() > 0 for g in fast)
+    for got, want in zip(fast, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_and_an_eager_model_run_the_blockwise_bias(small_blocks):
+    model = tiny_t5()
+    encoder_ids, decoder_ids = ids(150), ids(50, seed=2)
+    base = forward(model, encoder_ids, decoder_ids)
+    eager = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(model.config), attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    with rope_ext.patched(eager, "t5_bucket_scale:factor=1"):
+        torch.testing.assert_close(forward(eager, encoder_ids, decoder_ids), base, rtol=0, atol=2e-5)
+    assert eager.config._attn_implementation == "eager"
+    model.to(torch.bfloat16)
+    with rope_ext.patched(model, "t5_bucket_scale:factor=1"):
+        low = forward(model, encoder_ids, decoder_ids)
+        assert low.dtype == torch.bfloat16
+        assert (low.float() - base).abs().max() < 0.1 * base.abs().max()
+
+
+def test_an_implementation_changed_after_patching_is_refused():
+    model = tiny_t5()
+    rope_ext.patch(model, "t5_bucket_scale:factor=2")
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="its attention implementation was changed"):
+        forward(model, ids(20), ids(5, seed=2))

@@ -268,7 +268,8 @@ class Call:
     """One attention call: ``q [b, h, n, d]``, ``k, v [b, hk, m, d]`` (GQA heads as they are), the padding mask
     over the keys (``rows [b, m]`` bool, ``None``: no padding), the queries' ``position_ids [b, n]`` as the model
     gave them (``None``: from the keys), the softmax scale, the dropout probability, the layer's sliding window
-    and the cache layer the keys come from."""
+    and the cache layer the keys come from; ``position_bias``: what the model passed as one (T5's, through the
+    patch: a ``relative.RelativeBias``)."""
 
     program: AttentionProgram
     q: torch.Tensor
@@ -281,6 +282,7 @@ class Call:
     sliding_window: int | None = None
     link: CacheLink | None = None
     module: Any = None
+    position_bias: Any = None
 
     def replace(self, **changes: Any) -> Call:
         return dataclasses.replace(self, **changes)

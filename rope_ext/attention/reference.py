@@ -171,3 +171,23 @@ def materialised_bias_kernel(call: Call) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(
         call.q, call.k, call.v, attn_mask=mask[None], scale=call.scale, enable_gqa=True
     )
+
+
+def relative_reference(call: Call) -> torch.Tensor:
+    """A T5 attention call with its bias written out whole (``RelativeBias.dense()``) and one float64 softmax over
+    the unpadded keys (causal by position in the decoder); a module without positions, plain attention."""
+    from rope_ext.attention.relative import RelativeAttention
+
+    (term,) = call.program.of_type(RelativeAttention)
+    q, k = call.q, call.k
+    batch, n, m = q.shape[0], q.shape[2], k.shape[2]
+    allowed = torch.ones(batch, n, m, dtype=torch.bool, device=q.device)
+    if call.rows is not None:
+        allowed &= call.rows[:, None, :]
+    if not term.positions:
+        return plain_attention(q, k, call.v, allowed=allowed, scaling=call.scale)
+    bias = call.position_bias.dense()[0]  # [h, n, m]
+    if term.causal:
+        past = call.position_bias.past
+        allowed &= torch.arange(m, device=q.device)[None] <= torch.arange(past, past + n, device=q.device)[:, None]
+    return plain_attention(q, k, call.v, allowed=allowed, scaling=call.scale, bias=bias)

@@ -35,7 +35,7 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.utils import logging
 
-from rope_ext.attention import rules  # noqa: F401  (registers the kernels)
+from rope_ext.attention import relative, rules  # noqa: F401  (registers the kernels)
 from rope_ext.attention.key_cache import CacheLink
 from rope_ext.attention.memory import release_freed_memory
 from rope_ext.attention.program import AttentionProgram, Call
@@ -204,7 +204,7 @@ def rope_ext_attention(
     positions = None if relative or not program.terms else kwargs.get("position_ids")
     call = Call(
         program, query, key, value, scaling if scaling is not None else query.shape[-1] ** -0.5, rows, positions,
-        float(dropout or 0.0), sliding_window, link, module,
+        float(dropout or 0.0), sliding_window, link, module, kwargs.get("position_bias"),
     )
     out = program.run(call).transpose(1, 2).contiguous()
     release_freed_memory(n, m, query.device.type)

@@ -4,10 +4,18 @@
 T5 keeps one bias table per stack, in the first self-attention layer of the encoder and of the decoder
 (``relative_attention_bias``, ``num_buckets x heads``); that layer's ``compute_bias(query_length, key_length,
 device, past_seen_tokens)`` makes the ``[1, heads, q, k]`` bias every layer of the stack adds (transformers passes
-it down). The installer sets ``compute_bias`` on each of those modules to a ``BucketBias``: the same computation
+it down). The installer sets ``compute_bias`` on each of those modules to a ``BucketBias``: the same values
 with the method's buckets (``rope_ext.methods.buckets``), reading the module's own table, or the grown table the
 patch owns (``model.rope_ext.<method>.tables.<i>``, which trains, saves and reloads with the model). The tables'
-parameters keep their keys and shapes; the cross-attention is left alone (it has no positions).
+parameters keep their keys and shapes.
+
+The bias is not written out: ``compute_bias`` returns a ``RelativeBias`` (the values as a function of the
+distance) and every attention module of the model runs rope_ext's attention program with a ``RelativeAttention``
+term (``rope_ext.attention.relative``), which adds it block by block; the memory a call holds grows linearly
+with the length, where transformers' ``(batch, heads, q, k)`` mask grows with its square. The cross-attention has
+no positions: it runs plain attention, and T5's zeros (``[1, heads, q, k]``, made by its first cross-attention
+layer and passed down) are not made (a forward pre-hook passes a ``NO_POSITIONS`` marker where the module would
+make them; UMT5's cross-attention makes its zeros itself, and they are not read).
 
 DeBERTa-v2/v3 computes its relative positions once per forward in the encoder (``get_rel_pos(hidden_states,
 query_states=None, relative_pos=None) -> [1, q, k]``, already bucketed) and every layer's disentangled attention
@@ -18,12 +26,15 @@ encoder to a ``RelativePositions``: the same positions through the method. Posit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from rope_ext.attention.relative import NO_POSITIONS, RelativeAttention, RelativeBias
+from rope_ext.hooks.attention import AttentionLayer, AttentionSite
 from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
 from rope_ext.hooks.params import OwnedModule, own
 from rope_ext.methods import HOOK_BUCKET, HOOK_LOG_BUCKET, BucketConfig, LogBucketConfig, MethodConfig
@@ -32,12 +43,16 @@ from rope_ext.methods import HOOK_BUCKET, HOOK_LOG_BUCKET, BucketConfig, LogBuck
 @dataclass(eq=False)
 class BucketSite(Site):
     """The attention modules that hold a bucket table (``relative_attention_bias``), each with ``is_decoder``,
-    ``relative_attention_num_buckets`` and ``relative_attention_max_distance`` as T5's have them."""
+    ``relative_attention_num_buckets`` and ``relative_attention_max_distance`` as T5's have them; ``owner``, the
+    model, and ``attention``, every attention module of it (self-attention and cross-attention, each with
+    ``is_causal`` as T5's have it) with whether it is a cross-attention."""
 
     kind: ClassVar[str] = "bucket"
 
     family: str
     modules: list[nn.Module]
+    owner: nn.Module | None = None
+    attention: list[tuple[nn.Module, bool]] = field(default_factory=list)
 
 
 class BucketTables(nn.Module):
@@ -59,29 +74,40 @@ def bucketing(module: nn.Module) -> tuple[bool, int, int]:
 @dataclass(eq=False)
 class BucketBias(RopeExtCallable):
     """``compute_bias`` of one bucket module under a method: ``(query_length, key_length, device=None,
-    past_seen_tokens=0) -> [1, heads, q, k]``, the bias of queries ``past..past+q-1`` over keys ``0..k-1``."""
+    past_seen_tokens=0) -> RelativeBias``, the bias of queries ``past..past+q-1`` over keys ``0..k-1`` as a function
+    of the distance (``.dense()``: the ``[1, heads, q, k]`` tensor transformers' ``compute_bias`` makes)."""
 
     module: nn.Module
     method: BucketConfig
     owned: OwnedModule | None = None
     index: int = 0
 
+    def values(self, relative_position: torch.Tensor) -> torch.Tensor:
+        """``rel [L]`` (key minus query position, long) -> ``[heads, L]``."""
+        buckets = self.method.bucket(relative_position, *bucketing(self.module))
+        table = self.module.relative_attention_bias if self.owned is None else None
+        values = table(buckets) if table is not None else self.owned(self.index, buckets)
+        return values.transpose(0, 1)
+
     def __call__(
         self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
-    ) -> torch.Tensor:
-        module = self.module
+    ) -> RelativeBias:
         if device is None:
-            device = module.relative_attention_bias.weight.device
-        context = torch.arange(query_length, dtype=torch.long, device=device)[:, None] + past_seen_tokens
-        memory = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
-        buckets = self.method.bucket(memory - context, *bucketing(module))
-        values = module.relative_attention_bias(buckets) if self.owned is None else self.owned(self.index, buckets)
-        return values.permute([2, 0, 1]).unsqueeze(0)  # [1, heads, q, k]
+            device = self.module.relative_attention_bias.weight.device
+        return RelativeBias(self.values, int(query_length), int(key_length), int(past_seen_tokens), device)
 
     def __repr__(self) -> str:
         rows = self.method.per_direction(*bucketing(self.module))
         table = "its own table" if self.owned is None else f"a grown table of {rows} buckets per direction"
         return f"{self.method.method}(factor={self.method.factor:g}) buckets, {table}"
+
+
+def _no_positions(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    """Forward pre-hook of a cross-attention whose forward takes ``position_bias``: the ``NO_POSITIONS`` marker
+    where it would make zeros."""
+    if kwargs.get("position_bias") is None and len(args) < 4:
+        return args, {**kwargs, "position_bias": NO_POSITIONS}
+    return None
 
 
 class BucketInstaller(HookInstaller):
@@ -100,6 +126,24 @@ class BucketInstaller(HookInstaller):
             owned = own(builder, method.method, BucketTables(tables))
         for index, module in enumerate(modules):
             builder.edit(module, "compute_bias", BucketBias(module, method, owned, index))
+        for site in builder.sites.get(BucketSite.kind):
+            _relative_programs(builder, site)
+
+
+def _kind(module: nn.Module, cross: bool) -> str:
+    return "cross-attention" if cross else ("decoder" if module.is_decoder else "encoder") + " self-attention"
+
+
+def _relative_programs(builder: PlanBuilder, site: BucketSite) -> None:
+    """Every attention module of the site's model on rope_ext's attention, with a ``RelativeAttention`` term."""
+    layers = [AttentionLayer(module, _kind(module, cross), rotary=False) for module, cross in site.attention]
+    attention = AttentionSite(site.family, layers, site.owner, rotation_refused=f"{site.family} has no rotary positions")
+    setup = attention.replacement(builder)
+    for (module, cross), (_, program) in zip(site.attention, setup.programs):
+        program.add(RelativeAttention(causal=bool(getattr(module, "is_causal", False)) and not cross,
+                                      positions=not cross))
+        if cross and "position_bias" in inspect.signature(type(module).forward).parameters:
+            builder.hook_forward(module, _no_positions)
 
 
 register_hook(BucketInstaller())
