@@ -34,6 +34,15 @@ class FamilyAdapter(ABC):
         """Hook kinds this family supports (those whose installer's sites it provides)."""
         return hook_kinds_for(self.site_kinds)
 
+    @property
+    def methods(self) -> list[str]:
+        """The registered methods that run on this family (their hook kind supported, and fitting its sites)."""
+        from rope_ext.hooks.base import get_hook
+        from rope_ext.methods import get_method_class, methods_with_hooks
+
+        return [name for name in methods_with_hooks(self.hooks)
+                if get_hook(get_method_class(name).hook).fits(get_method_class(name), self.site_kinds)]
+
     @abstractmethod
     def matches(self, model: nn.Module) -> bool:
         """True if this adapter can find its position sites in ``model``."""

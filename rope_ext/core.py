@@ -25,7 +25,7 @@ from torch import nn
 from rope_ext.hooks.attention import installed_programs
 from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
 from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
-from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs, methods_with_hooks
+from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs
 from rope_ext.methods.base import get_method_class
 from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.patches import CONFIG_KEY, find_family
@@ -67,7 +67,7 @@ def _check_hooks(family: Any, methods: list[tuple[str, str]]) -> None:
             article = "an" if hook[:1] in "aeiou" else "a"
             raise ValueError(
                 f"method {name!r} needs {article} {hook!r} hook, which family {family.name!r} does not support; "
-                f"methods for {family.name}: {', '.join(methods_with_hooks(family.hooks))}"
+                f"methods for {family.name}: {', '.join(family.methods)}"
             )
 
 

@@ -19,6 +19,10 @@ T5 (span corruption) and DeBERTa (masked LM) train and evaluate with their own o
 not the causal models': run them into a folder of their own,
 
     python scripts/train_proof.py --models t5_none,deberta_none --out docs/results/train_objectives
+
+and T5 trained with ALiBi in place of its buckets (the same protocol; compare with ``t5_none`` there):
+
+    python scripts/train_proof.py --models t5_alibi --out docs/results/train_t5_alibi
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ MODELS = {
     # the two objectives that are not next-token prediction (scored by their own protocols: not comparable with the
     # causal models' perplexities; run them into their own --out)
     "t5_none": ("t5", "none", ["none", "t5_bucket_scale:factor=2", "t5_bucket_scale:factor=16"]),
+    "t5_alibi": ("t5", "alibi", ["saved"]),
     "deberta_none": ("deberta", "none", ["none", "deberta_bucket_scale:factor=16", "deberta_bucket_stretch:factor=16"]),
 }
 #: options a model trains with beyond the config's: T5's step is a third of the others' (its decoder reads only the
 #: corrupted spans), so it trains 1,500 steps in about the time the others take for 600
-EXTRA = {"t5_none": ["--max-steps", "1500"]}
+EXTRA = {"t5_none": ["--max-steps", "1500"], "t5_alibi": ["--max-steps", "1500"]}
 #: the models run by default (T5's and DeBERTa's objectives: ``--models t5_none,deberta_none``)
 CAUSAL = [name for name, (architecture, _, _) in MODELS.items() if architecture in ("gpt2", "llama")]
 #: books the training never saw (small.yaml excludes Psalms and holds Isaiah out for its own evaluation)

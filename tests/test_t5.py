@@ -238,9 +238,13 @@ def test_a_grown_table_trains_saves_and_reloads(tmp_path):
     [
         ("yarn:factor=4",
          r"method 'yarn' needs a 'frequency' hook, which family 't5' does not support; methods for t5: "
-         r"t5_bucket_extend, t5_bucket_scale"),
-        ("dca", r"family 't5' does not support; methods for t5: t5_bucket_extend, t5_bucket_scale"),
-        ("alibi", r"family 't5' does not support; methods for t5: t5_bucket_extend, t5_bucket_scale"),
+         r"alibi, kerple, sandwich, t5_bucket_extend, t5_bucket_scale$"),
+        ("dca", r"family 't5' does not support; methods for t5: alibi, kerple, sandwich, t5_bucket_extend"),
+        ("fire", r"fire: t5's attention adds one bias of the distance j - i to every query .* and fire's depends on "
+                 r"the query's position too; bias methods for t5: alibi, kerple, sandwich$"),
+        ("alibi+t5_bucket_scale:factor=2", r"alibi replaces the model's position encoding, so it cannot be combined "
+                                           r"with 'bucket' methods \(t5_bucket_extend, t5_bucket_scale\).*combines with "
+                                           r"nothing there"),
         ("t5_bucket_scale:factor=0.5", r"t5_bucket_scale: factor must be >= 1"),
         ("t5_bucket_extend:num_buckets=64",
          r"t5_bucket_extend: unknown option\(s\) num_buckets; valid options: factor$"),
@@ -264,7 +268,7 @@ def test_patching_twice_and_a_bucket_method_on_a_rotary_model_are_refused():
         rope_ext.patch(model, "t5_bucket_extend:factor=2")
     from tiny import tiny_model
 
-    refused = r"needs a 'bucket' hook, which family 'llama' does not support; methods for llama: alibi, dca"
+    refused = r"needs a 'bucket' hook, which family 'llama' does not support; methods for llama: alibi, dca, .*fire"
     with pytest.raises(ValueError, match=refused):
         rope_ext.patch(tiny_model("llama"), "t5_bucket_scale:factor=2")
 
@@ -495,3 +499,88 @@ def test_an_implementation_changed_after_patching_is_refused():
     model.set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="its attention implementation was changed"):
         forward(model, ids(20), ids(5, seed=2))
+
+
+# --- additive biases in place of the buckets ---------------------------------------------------------------
+
+#: ALiBi's slopes for 4 heads: 2^(-8/4 h), h = 1..4
+ALIBI_4 = torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8])
+
+
+def with_bias(model, bias_of_rel):
+    """transformers' own T5 (its SDPA path, the bias written out) with every table module's ``compute_bias``
+    giving ``bias_of_rel(rel) [heads, q, k]``: the reference for a bias in place of the buckets."""
+    for module in model.modules():
+        if getattr(module, "has_relative_attention_bias", False):
+            def compute_bias(q, k, device=None, past_seen_tokens=0):
+                rel = torch.arange(k)[None] - (torch.arange(q)[:, None] + int(past_seen_tokens))
+                return bias_of_rel(rel)[None]
+
+            module.compute_bias = compute_bias
+    return model
+
+
+@pytest.mark.parametrize("family", ["t5", "umt5"])
+def test_alibi_in_place_of_the_buckets_is_transformers_with_minus_slope_times_distance(small_blocks, family):
+    """Encoder on both sides, decoder causal, against transformers' own attention with ``-m_h |j - i|`` written out
+    (slopes by hand); the table modules' biases, one per table."""
+    model = tiny_t5(family)
+    reference = with_bias(copy.deepcopy(model), lambda rel: -ALIBI_4[:, None, None] * rel.abs())
+    encoder_ids, decoder_ids = ids(130, batch=2), ids(70, batch=2, seed=2)
+    mask = torch.ones(2, 130, dtype=torch.long)
+    mask[1, 100:] = 0
+    rope_ext.patch(model, "alibi")
+    for module in (m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)):
+        torch.testing.assert_close(module.compute_bias(3, 5).dense()[0], -ALIBI_4[:, None, None] * torch.tensor(
+            [[0, 1, 2, 3, 4], [1, 0, 1, 2, 3], [2, 1, 0, 1, 2]], dtype=torch.float32))
+    got = forward(model, encoder_ids, decoder_ids, attention_mask=mask)
+    torch.testing.assert_close(got, forward(reference, encoder_ids, decoder_ids, attention_mask=mask), rtol=0, atol=2e-5)
+    rope_ext.unpatch(model)
+    assert torch.equal(forward(model, encoder_ids, decoder_ids), forward(tiny_t5(family), encoder_ids, decoder_ids))
+
+
+@pytest.mark.parametrize("spec", ["alibi:factor=2", "sandwich", "kerple"])
+def test_a_bias_on_t5_generates_with_the_cache_as_the_full_forward(small_blocks, spec):
+    model = tiny_t5()
+    rope_ext.patch(model, spec)
+    encoder_ids = ids(90)
+    with torch.no_grad():
+        out = model.generate(encoder_ids, max_new_tokens=30, min_new_tokens=30, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    full = forward(model, encoder_ids, out.sequences[:, :-1])
+    for step, step_logits in enumerate(out.logits):
+        torch.testing.assert_close(step_logits, full[:, step], rtol=0, atol=2e-5)
+
+
+def test_kerple_on_t5_owns_one_kernel_per_table_that_trains_saves_and_reloads(small_blocks, tmp_path):
+    """``-r1 log(1 + r2 |j - i|)`` per head, one (r1, r2) per table module (encoder, decoder), against transformers
+    with that bias written out; gradients reach both; save and reload."""
+    model = tiny_t5()
+    encoder_ids, decoder_ids = ids(110), ids(40, seed=2)
+    rope_ext.patch(model, "kerple")
+    kernels = model.rope_ext.kerple.layers
+    assert len(kernels) == 2
+    with torch.no_grad():
+        for kernel in kernels:
+            kernel.r1.copy_(torch.tensor([0.5, 1.0, 2.0, 4.0]))
+            kernel.r2.copy_(torch.tensor([1.0, 0.5, 0.25, 0.125]))
+    r1, r2 = torch.tensor([0.5, 1.0, 2.0, 4.0])[:, None, None], torch.tensor([1.0, 0.5, 0.25, 0.125])[:, None, None]
+    reference = with_bias(tiny_t5(), lambda rel: -r1 * torch.log1p(r2 * rel.abs()))  # (the same seed: the same weights)
+    torch.testing.assert_close(forward(model, encoder_ids, decoder_ids), forward(reference, encoder_ids, decoder_ids),
+                               rtol=0, atol=2e-5)
+    model.train()
+    loss = model(input_ids=encoder_ids, decoder_input_ids=decoder_ids, labels=decoder_ids).loss
+    loss.backward()
+    assert all(k.r1.grad.abs().sum() > 0 and k.r2.grad.abs().sum() > 0 for k in kernels)
+    model.eval()
+    expected = forward(model, encoder_ids, decoder_ids)
+    model.save_pretrained(tmp_path)
+    restored = rope_ext.from_pretrained(tmp_path)
+    assert torch.equal(forward(restored, encoder_ids, decoder_ids), expected)
+
+
+def test_umt5_gets_one_learnable_bias_per_table_layer():
+    model = tiny_t5("umt5")
+    rope_ext.patch(model, "kerple")
+    assert len(model.rope_ext.kerple.layers) == 4  # (2 encoder and 2 decoder self-attention layers, each a table)
+    assert "  attention layers 0-1 (cross-attention: plain (no positions))" in rope_ext.summary(model).splitlines()

@@ -321,10 +321,17 @@ class HookInstaller(ABC):
     kind: ClassVar[str]
     #: the site kinds this installer needs; a family supports the kind when it provides them all
     site_kinds: ClassVar[frozenset[str]]
+    #: other sets of site kinds it can work from instead (the bias kind: T5's bucket sites)
+    alternative_site_kinds: ClassVar[tuple[frozenset[str], ...]] = ()
 
     @abstractmethod
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         """Add ``method``'s edits to ``builder``; raise ``ValueError`` if the sites cannot take it."""
+
+    def fits(self, method_class: type, site_kinds: frozenset[str]) -> bool:
+        """Whether a method of this kind can run on a family with these site kinds (listed as one of its methods);
+        the default: every method of the kind."""
+        return True
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
         """``method`` as installed in ``model`` (patched by it): its options left at ``None`` replaced by the
@@ -348,5 +355,9 @@ def get_hook(kind: str) -> HookInstaller:
 
 
 def hook_kinds_for(site_kinds: frozenset[str] | set[str]) -> frozenset[str]:
-    """The hook kinds whose installers need only sites of these kinds."""
-    return frozenset(installer.kind for installer in _HOOKS if installer.site_kinds <= set(site_kinds))
+    """The hook kinds whose installers need only sites of these kinds (or one of their alternatives)."""
+    given = set(site_kinds)
+    return frozenset(
+        installer.kind for installer in _HOOKS
+        if installer.site_kinds <= given or any(kinds <= given for kinds in installer.alternative_site_kinds)
+    )

@@ -10,6 +10,12 @@ parameter container (``model.rope_ext.<method>.layers.<i>``), so it trains, save
 
 A bias combines with what leaves positions to it (``logn``, ``s2_attn`` refuses it), not with a frequency
 method, an attention rewrite or an absolute-table method: those are other position encodings.
+
+On T5 (and mT5, UMT5: the bucket sites) a bias replaces the bucket table: each table module's ``compute_bias``
+returns the method's bias as a function of the distance (``DistanceBias``, one per table: per stack in T5, per
+layer in UMT5, as the tables are), which rope_ext's T5 attention adds block by block
+(``rope_ext.attention.relative``); the encoder sees it on both sides (``|i - j|``). Only biases of the distance
+alone fit (``BiasConfig.of_distance``): FIRE's depends on the query's position too.
 """
 
 from __future__ import annotations
@@ -21,25 +27,29 @@ import torch
 from torch import nn
 
 from rope_ext.attention.program import Bias, MethodTerm
+from rope_ext.attention.relative import RelativeBias
 from rope_ext.hooks.absolute import AbsoluteSite
 from rope_ext.hooks.attention import AttentionSite, program_setup
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, register_hook
+from rope_ext.hooks.buckets import BucketSite, relative_programs
 from rope_ext.hooks.params import OwnedModule, own
 from rope_ext.hooks.rotary import RotarySite
 from rope_ext.methods import (
     HOOK_ABSOLUTE,
     HOOK_ATTENTION,
     HOOK_BIAS,
+    HOOK_BUCKET,
     HOOK_FREQUENCY,
     HOOK_PAIR_SCALE,
     HOOK_QUERY_SCALE,
     BiasConfig,
     MethodConfig,
+    get_method_class,
     methods_with_hooks,
 )
 
 #: the hook kinds that bring a position encoding of their own (a bias replaces the model's)
-OTHER_ENCODINGS = (HOOK_FREQUENCY, HOOK_ATTENTION, HOOK_ABSOLUTE, HOOK_PAIR_SCALE)
+OTHER_ENCODINGS = (HOOK_FREQUENCY, HOOK_ATTENTION, HOOK_ABSOLUTE, HOOK_PAIR_SCALE, HOOK_BUCKET)
 
 
 class PerLayer(nn.Module):
@@ -87,17 +97,25 @@ class BiasInstaller(HookInstaller):
 
     kind = HOOK_BIAS
     site_kinds = frozenset({AttentionSite.kind})
+    alternative_site_kinds = (frozenset({BucketSite.kind}),)
+
+    def fits(self, method_class: type, site_kinds: frozenset[str]) -> bool:
+        return AttentionSite.kind in site_kinds or method_class.of_distance  # (T5's: biases of the distance)
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, BiasConfig)
+        buckets = builder.sites.get(BucketSite.kind)
         clash = [kind for kind in OTHER_ENCODINGS if kind in builder.kinds]
         if clash:
             kinds, others = " or ".join(repr(k) for k in clash), ", ".join(methods_with_hooks(clash))
+            partners = "nothing there" if buckets else ", ".join(methods_with_hooks(HOOK_QUERY_SCALE))
             raise ValueError(
                 f"{method.method} replaces the model's position encoding, so it cannot be combined with {kinds} methods "
-                f"({others}), which are position encodings themselves; it combines with "
-                f"{', '.join(methods_with_hooks(HOOK_QUERY_SCALE))}"
+                f"({others}), which are position encodings themselves; it combines with {partners}"
             )
+        if buckets:
+            _plan_distance_bias(builder, method, buckets)
+            return
         setup = program_setup(builder, method.method)
         _switch_off_positions(builder, method.method, setup.site.family)
         config = setup.programs[0][0].module.config
@@ -118,6 +136,63 @@ class BiasInstaller(HookInstaller):
             terms = [PositionBias(method, fixed=fixed) for _ in layers]
         for (_, program), term in zip(layers, terms):
             program.add(term)
+
+
+@dataclass(eq=False)
+class DistanceBias(RopeExtCallable):
+    """``compute_bias`` of a T5 table module under a bias method: the method's bias at the distance ``|rel|`` as a
+    ``RelativeBias`` (the module's table unused), from a fixed module or the patch's own (``owned``, entry
+    ``index``)."""
+
+    module: nn.Module
+    method: BiasConfig
+    fixed: nn.Module | None = None
+    owned: OwnedModule | None = None
+    index: int = 0
+
+    def values(self, relative_position: torch.Tensor) -> torch.Tensor:
+        """``rel [L]`` (long) -> ``[heads, L]``: the bias of a query at 0 over keys at ``rel``."""
+        k_pos = relative_position.to(torch.float32)
+        q_pos = torch.zeros(1, dtype=torch.float32, device=k_pos.device)
+        if self.owned is not None:
+            return self.owned(self.index, q_pos, k_pos)[:, 0]
+        return self.fixed(q_pos, k_pos)[:, 0]  # (the fixed modules move their buffers to the call's device)
+
+    def __call__(
+        self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
+    ) -> RelativeBias:
+        if device is None:
+            device = self.module.relative_attention_bias.weight.device
+        return RelativeBias(self.values, int(query_length), int(key_length), int(past_seen_tokens), device)
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v}" for k, v in self.method.to_dict().items() if k != "method")
+        return f"{self.method.method}({options}) bias of the distance, in place of the bucket table"
+
+
+def _plan_distance_bias(builder: PlanBuilder, method: BiasConfig, sites: list[BucketSite]) -> None:
+    """T5's families: the bias in place of each table module's buckets, every attention module on rope_ext's T5
+    attention."""
+    family = sites[0].family
+    if not method.of_distance:
+        fitting = [name for name in methods_with_hooks(HOOK_BIAS) if get_method_class(name).of_distance]
+        raise ValueError(
+            f"{method.method}: {family}'s attention adds one bias of the distance j - i to every query (computed from "
+            f"positions by the layer that holds the table and passed down), and {method.method}'s depends on the "
+            f"query's position too; bias methods for {family}: {', '.join(fitting)}"
+        )
+    modules = [module for site in sites for module in site.modules]
+    heads, head_dim = modules[0].n_heads, modules[0].key_value_proj_dim
+    if method.learnable:
+        owned = own(builder, method.method, PerLayer([method.module(heads, i, head_dim) for i in range(len(modules))]))
+        terms = [DistanceBias(module, method, owned=owned, index=i) for i, module in enumerate(modules)]
+    else:
+        fixed = method.module(heads, 0, head_dim)
+        terms = [DistanceBias(module, method, fixed=fixed) for module in modules]
+    for module, term in zip(modules, terms):
+        builder.edit(module, "compute_bias", term)
+    for site in sites:
+        relative_programs(builder, site)
 
 
 def _switch_off_positions(builder: PlanBuilder, method: str, family: str) -> None:

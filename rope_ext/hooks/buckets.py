@@ -127,14 +127,14 @@ class BucketInstaller(HookInstaller):
         for index, module in enumerate(modules):
             builder.edit(module, "compute_bias", BucketBias(module, method, owned, index))
         for site in builder.sites.get(BucketSite.kind):
-            _relative_programs(builder, site)
+            relative_programs(builder, site)
 
 
 def _kind(module: nn.Module, cross: bool) -> str:
     return "cross-attention" if cross else ("decoder" if module.is_decoder else "encoder") + " self-attention"
 
 
-def _relative_programs(builder: PlanBuilder, site: BucketSite) -> None:
+def relative_programs(builder: PlanBuilder, site: BucketSite) -> None:
     """Every attention module of the site's model on rope_ext's attention, with a ``RelativeAttention`` term."""
     layers = [AttentionLayer(module, _kind(module, cross), rotary=False) for module, cross in site.attention]
     attention = AttentionSite(site.family, layers, site.owner, rotation_refused=f"{site.family} has no rotary positions")

@@ -63,6 +63,8 @@ class BiasConfig(MethodConfig):
     hook: ClassVar[str] = HOOK_BIAS
     #: whether the bias has parameters that train (one set per attention layer)
     learnable: ClassVar[bool] = False
+    #: whether the bias is a function of the distance ``|i - j|`` alone (what T5's attention takes)
+    of_distance: ClassVar[bool] = True
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         """The bias of layer ``index`` for ``heads`` heads of ``head_dim`` dims (learnable methods initialise each
@@ -235,6 +237,7 @@ class FireConfig(BiasConfig):
 
     method: ClassVar[str] = "fire"
     learnable: ClassVar[bool] = True
+    of_distance: ClassVar[bool] = False  # (``psi(max(i, L))``: the query's position too)
 
     width: int = 32
     c: float = 0.1
