@@ -265,7 +265,8 @@ def _cmd_families(args: argparse.Namespace) -> int:
     names = list_families()
     width = max(len(name) for name in names) + 2
     for name in names:
-        print(f"{name:{width}s}hooks: {', '.join(sorted(get_family(name).hooks))}")
+        family = get_family(name)
+        print(f"{name:{width}s}hooks: {', '.join(sorted(family.hooks))}; methods: {', '.join(family.methods)}")
     return 0
 
 

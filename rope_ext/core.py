@@ -102,6 +102,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
         )
     anchor = _anchor(model)
     family = find_family(anchor)
+    _check_hooks(family, _named_hooks(method))  # (before the sites: a model the family cannot take names no method)
     sites = family.locate(anchor)
     if sites.model is None:
         sites.model = anchor
@@ -112,7 +113,6 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     for kind in sites.by_kind.values():
         for site_class in {type(site) for site in kind}:
             site_class.check_options(given)
-    _check_hooks(family, _named_hooks(method))  # (before the options: a method that cannot fit needs none)
     try:
         configs = make_configs(method, **options)
     except ValueError as error:

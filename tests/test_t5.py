@@ -584,3 +584,25 @@ def test_umt5_gets_one_learnable_bias_per_table_layer():
     rope_ext.patch(model, "kerple")
     assert len(model.rope_ext.kerple.layers) == 4  # (2 encoder and 2 decoder self-attention layers, each a table)
     assert "  attention layers 0-1 (cross-attention: plain (no positions))" in rope_ext.summary(model).splitlines()
+
+
+def test_a_method_of_another_family_is_named_before_the_model_is_examined():
+    """A DeBERTa whose own config the family refuses (an absolute table too) still hears which methods fit it."""
+    from transformers import AutoModelForMaskedLM, DebertaV2Config
+
+    config = DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=48, relative_attention=True, position_buckets=16,
+                             max_relative_positions=64, position_biased_input=True)
+    model = AutoModelForMaskedLM.from_config(config)
+    with pytest.raises(ValueError, match=r"needs a 'bucket' hook, which family 'deberta_v2' does not support; methods "
+                                         r"for deberta_v2: deberta_bucket_scale, deberta_bucket_stretch$"):
+        rope_ext.patch(model, "t5_bucket_scale:factor=2")
+
+
+def test_the_families_command_lists_the_methods_that_fit():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "rope_ext.cli", "families"], capture_output=True, text=True, check=True)
+    t5 = next(line for line in out.stdout.splitlines() if line.startswith("t5 "))
+    assert t5.split(None, 1)[1] == "hooks: bias, bucket; methods: alibi, kerple, sandwich, t5_bucket_extend, t5_bucket_scale"

@@ -168,7 +168,9 @@ def _attend(call: Call, q, k, v, bias: RelativeBias, q_pos, first: int, last: in
     else:
         q0 = int(q_pos[0])
         rel_max = last - 1 - q0  # the largest distance: the last key from the first query
-        u = bias.values(rel_max - torch.arange(n + keys - 1, device=q.device)).contiguous()  # [h, n + keys - 1]
+        # [h, n + keys - 1], in the scores' dtype (a bf16 view converted per call would be written out block-sized)
+        u = bias.values(rel_max - torch.arange(n + keys - 1, device=q.device))
+        u = u.to(kernels.accumulation_dtype(q.dtype)).contiguous()
         acc = _accumulator(call, q, k, v, u)
         _toeplitz_blocks(acc, q, k, v, call.scale, u, q0, first, causal)
     return acc.out.to(q.dtype)
