@@ -35,7 +35,7 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.utils import logging
 
-from rope_ext.attention import relative, rules  # noqa: F401  (registers the kernels)
+from rope_ext.attention import rules  # noqa: F401  (registers the kernels; hooks.buckets imports the T5 one)
 from rope_ext.attention.key_cache import CacheLink
 from rope_ext.attention.memory import release_freed_memory
 from rope_ext.attention.program import AttentionProgram, Call

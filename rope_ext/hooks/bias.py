@@ -27,11 +27,10 @@ import torch
 from torch import nn
 
 from rope_ext.attention.program import Bias, MethodTerm
-from rope_ext.attention.relative import RelativeBias
 from rope_ext.hooks.absolute import AbsoluteSite
 from rope_ext.hooks.attention import AttentionSite, program_setup
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, register_hook
-from rope_ext.hooks.buckets import BucketSite, relative_programs
+from rope_ext.hooks.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.hooks.buckets import BucketSite, DistanceFunction, relative_programs
 from rope_ext.hooks.params import OwnedModule, own
 from rope_ext.hooks.rotary import RotarySite
 from rope_ext.methods import (
@@ -139,12 +138,10 @@ class BiasInstaller(HookInstaller):
 
 
 @dataclass(eq=False)
-class DistanceBias(RopeExtCallable):
-    """``compute_bias`` of a T5 table module under a bias method: the method's bias at the distance ``|rel|`` as a
-    ``RelativeBias`` (the module's table unused), from a fixed module or the patch's own (``owned``, entry
-    ``index``)."""
+class DistanceBias(DistanceFunction):
+    """A bias method in place of a T5 table module's buckets: the method's bias at the distance ``|rel|`` (the
+    module's table unused), from a fixed module or the patch's own (``owned``, entry ``index``)."""
 
-    module: nn.Module
     method: BiasConfig
     fixed: nn.Module | None = None
     owned: OwnedModule | None = None
@@ -157,13 +154,6 @@ class DistanceBias(RopeExtCallable):
         if self.owned is not None:
             return self.owned(self.index, q_pos, k_pos)[:, 0]
         return self.fixed(q_pos, k_pos)[:, 0]  # (the fixed modules move their buffers to the call's device)
-
-    def __call__(
-        self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
-    ) -> RelativeBias:
-        if device is None:
-            device = self.module.relative_attention_bias.weight.device
-        return RelativeBias(self.values, int(query_length), int(key_length), int(past_seen_tokens), device)
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v}" for k, v in self.method.to_dict().items() if k != "method")

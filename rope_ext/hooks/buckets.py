@@ -72,12 +72,29 @@ def bucketing(module: nn.Module) -> tuple[bool, int, int]:
 
 
 @dataclass(eq=False)
-class BucketBias(RopeExtCallable):
-    """``compute_bias`` of one bucket module under a method: ``(query_length, key_length, device=None,
-    past_seen_tokens=0) -> RelativeBias``, the bias of queries ``past..past+q-1`` over keys ``0..k-1`` as a function
-    of the distance (``.dense()``: the ``[1, heads, q, k]`` tensor transformers' ``compute_bias`` makes)."""
+class DistanceFunction(RopeExtCallable):
+    """``compute_bias`` of a T5 table module under a method: ``(query_length, key_length, device=None,
+    past_seen_tokens=0) -> RelativeBias``, the bias of queries ``past..past+q-1`` over keys ``0..k-1`` as the
+    function of the distance ``values(rel) -> [heads, L]`` (``.dense()``: the ``[1, heads, q, k]`` tensor
+    transformers' ``compute_bias`` makes)."""
 
     module: nn.Module
+
+    def values(self, relative_position: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(
+        self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
+    ) -> RelativeBias:
+        if device is None:
+            device = self.module.relative_attention_bias.weight.device
+        return RelativeBias(self.values, int(query_length), int(key_length), int(past_seen_tokens), device)
+
+
+@dataclass(eq=False)
+class BucketBias(DistanceFunction):
+    """A bucket method's bias: the table (the module's own, or the patch's grown one) at the method's buckets."""
+
     method: BucketConfig
     owned: OwnedModule | None = None
     index: int = 0
@@ -88,13 +105,6 @@ class BucketBias(RopeExtCallable):
         table = self.module.relative_attention_bias if self.owned is None else None
         values = table(buckets) if table is not None else self.owned(self.index, buckets)
         return values.transpose(0, 1)
-
-    def __call__(
-        self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
-    ) -> RelativeBias:
-        if device is None:
-            device = self.module.relative_attention_bias.weight.device
-        return RelativeBias(self.values, int(query_length), int(key_length), int(past_seen_tokens), device)
 
     def __repr__(self) -> str:
         rows = self.method.per_direction(*bucketing(self.module))
