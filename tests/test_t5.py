@@ -385,7 +385,8 @@ def test_the_blockwise_bias_equals_transformers_materialised_one(small_blocks, f
 @pytest.mark.parametrize("spec", ["t5_bucket_scale:factor=4", "t5_bucket_extend:factor=8"])
 def test_the_blockwise_bias_equals_the_reference_with_padding_of_every_kind(small_blocks, spec):
     """Against the bias written out and one float64 softmax: a right-padded row, a left-padded one and one with a
-    hole (its keys compacted, the bias by position), in the encoder and in the decoder."""
+    hole (its keys compacted, the bias by position), in the encoder and in the decoder (its left pads see no key:
+    zeros in both)."""
     model = tiny_t5()
     rope_ext.patch(model, spec)
     if "extend" in spec:
@@ -396,7 +397,7 @@ def test_the_blockwise_bias_equals_the_reference_with_padding_of_every_kind(smal
     mask = torch.ones(3, 150, dtype=torch.long)
     mask[0, 120:], mask[1, :25], mask[2, 60:75] = 0, 0, 0
     decoder_mask = torch.ones(3, 70, dtype=torch.long)
-    decoder_mask[0, 50:], decoder_mask[2, 30:33] = 0, 0
+    decoder_mask[0, 50:], decoder_mask[1, :4], decoder_mask[2, 30:33] = 0, 0, 0
     options = dict(attention_mask=mask, decoder_attention_mask=decoder_mask)
     fast = forward(model, encoder_ids, decoder_ids, **options)
     expected = reference_forward(model, encoder_ids, decoder_ids, **options)

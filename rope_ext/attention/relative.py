@@ -18,6 +18,12 @@ slot, as transformers' T5 counts them (pads included), so a padded row keeps its
 kept keys are one contiguous span (right or left padding) takes the strided path over that span, any other row
 writes its bias out block by block.
 
+What is linear is inference on the CPU. Elsewhere the same calls run, but: CUDA's memory-efficient op takes each
+block's bias written out (``[heads, 1024, keys]``, in the call's dtype); training records the calls and its
+backward writes out each view's gradient (``kernels._call_backward``: ``[heads, t, keys]`` per call, all of them
+held until autograd reduces them onto the table, so ``heads x n x m`` per layer, as transformers' own bias gradient
+is), and dropout runs the matmul path, which keeps every tile's scores for autograd.
+
 Pure torch: nothing here imports transformers.
 """
 

@@ -150,9 +150,12 @@ class DistanceBias(DistanceFunction):
     def values(self, relative_position: torch.Tensor) -> torch.Tensor:
         """``rel [L]`` (long) -> ``[heads, L]``: the bias of a query at 0 over keys at ``rel``."""
         k_pos = relative_position.to(torch.float32)
+        if self.owned is not None:  # (on the device of its parameters: a model split across devices calls from others)
+            device = next(self.owned.module().layers[self.index].parameters(), k_pos).device
+            k_pos = k_pos.to(device)
+            values = self.owned(self.index, torch.zeros(1, device=device), k_pos)[:, 0]
+            return values.to(relative_position.device)
         q_pos = torch.zeros(1, dtype=torch.float32, device=k_pos.device)
-        if self.owned is not None:
-            return self.owned(self.index, q_pos, k_pos)[:, 0]
         return self.fixed(q_pos, k_pos)[:, 0]  # (the fixed modules move their buffers to the call's device)
 
     def __repr__(self) -> str:

@@ -11,8 +11,8 @@ parameters keep their keys and shapes.
 
 The bias is not written out: ``compute_bias`` returns a ``RelativeBias`` (the values as a function of the
 distance) and every attention module of the model runs rope_ext's attention program with a ``RelativeAttention``
-term (``rope_ext.attention.relative``), which adds it block by block; the memory a call holds grows linearly
-with the length, where transformers' ``(batch, heads, q, k)`` mask grows with its square. The cross-attention has
+term (``rope_ext.attention.relative``), which adds it block by block; in inference on the CPU the memory a call
+holds grows linearly with the length, where transformers' ``(batch, heads, q, k)`` mask grows with its square. The cross-attention has
 no positions: it runs plain attention, and T5's zeros (``[1, heads, q, k]``, made by its first cross-attention
 layer and passed down) are not made (a forward pre-hook passes a ``NO_POSITIONS`` marker where the module would
 make them; UMT5's cross-attention makes its zeros itself, and they are not read).
@@ -100,11 +100,15 @@ class BucketBias(DistanceFunction):
     index: int = 0
 
     def values(self, relative_position: torch.Tensor) -> torch.Tensor:
-        """``rel [L]`` (key minus query position, long) -> ``[heads, L]``."""
-        buckets = self.method.bucket(relative_position, *bucketing(self.module))
-        table = self.module.relative_attention_bias if self.owned is None else None
-        values = table(buckets) if table is not None else self.owned(self.index, buckets)
-        return values.transpose(0, 1)
+        """``rel [L]`` (key minus query position, long) -> ``[heads, L]``, on ``rel``'s device (the layer calling
+        it; the table stays on its own, the first layer's when a model is split across devices)."""
+        if self.owned is None:
+            table = self.module.relative_attention_bias
+        else:
+            table = self.owned.module().tables[self.index]
+        buckets = self.method.bucket(relative_position.to(table.weight.device), *bucketing(self.module))
+        values = table(buckets) if self.owned is None else self.owned(self.index, buckets)
+        return values.transpose(0, 1).to(relative_position.device)
 
     def __repr__(self) -> str:
         rows = self.method.per_direction(*bucketing(self.module))
