@@ -45,12 +45,12 @@ class BucketFamily(FamilyAdapter):
                 f"{self.name}: patch the whole model, not its {type(model).__name__} (a part has no config of its own, "
                 "or, a stack, its own copy of it: a patch recorded there would not be saved with the model)"
             )
-        found = {id(m) for m in self._attention(model) if getattr(m, "has_relative_attention_bias", False)}
-        tables = [m for m in model.modules() if id(m) in found]  # (in the model's order: encoder first)
+        found = set(map(id, self._attention(model)))
+        # (in the model's order: encoder first)
+        attention = [(m, name.endswith("EncDecAttention")) for name, m in model.named_modules() if id(m) in found]
+        tables = [m for m, _ in attention if getattr(m, "has_relative_attention_bias", False)]
         if not tables:
             raise ValueError(f"{self.name}: found no attention module with a relative-position bias table")
-        found = set(map(id, self._attention(model)))
-        attention = [(m, name.endswith("EncDecAttention")) for name, m in model.named_modules() if id(m) in found]
         return Sites(model.config, {BucketSite.kind: [BucketSite(self.name, tables, model, attention)]}, model)
 
 

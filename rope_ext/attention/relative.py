@@ -123,12 +123,11 @@ def run_relative(call: Call) -> torch.Tensor:
     with kernels.flushed_denormals(q.device):
         if call.rows is None:
             return _attend(call, q, k, v, bias, q_pos, 0, m, None, term.causal)
-        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
         rows = []
         for r in range(q.shape[0]):
             kept = call.rows[r].nonzero().squeeze(-1)
             if kept.numel() == 0:  # (every key padded: no key to attend to)
-                rows.append(out[r])
+                rows.append(torch.zeros(q.shape[1], n, v.shape[-1], dtype=q.dtype, device=q.device))
                 continue
             first, last = int(kept[0]), int(kept[-1]) + 1
             one = slice(r, r + 1)
