@@ -3,7 +3,7 @@
 from rope_ext.core import get_patch, patch, patched, summary, unpatch
 from rope_ext.methods import list_methods
 from rope_ext.models import from_pretrained, load_default_model
-from rope_ext.patches import list_families
+from rope_ext.families import list_families
 
 __version__ = "0.1.0"
 

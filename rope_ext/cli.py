@@ -260,7 +260,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_families(args: argparse.Namespace) -> int:
-    from rope_ext.patches import get_family, list_families
+    from rope_ext.families import get_family, list_families
 
     names = list_families()
     width = max(len(name) for name in names) + 2

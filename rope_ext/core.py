@@ -22,13 +22,13 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from rope_ext.hooks.attention import installed_programs
-from rope_ext.hooks.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
-from rope_ext.hooks.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
+from rope_ext.installers.attention import installed_programs
+from rope_ext.installers.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
+from rope_ext.installers.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs
 from rope_ext.methods.base import get_method_class
 from rope_ext.methods.spec import parse_spec, split_spec
-from rope_ext.patches import CONFIG_KEY, find_family
+from rope_ext.families import CONFIG_KEY, find_family
 
 STATE_ATTR = "_rope_ext_state"
 _logger = logging.getLogger("rope_ext")

@@ -148,9 +148,9 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
         return load_finetune_base(path, dtype)
 
     from rope_ext.core import loaded_as_patched, patch, saved_patch
-    from rope_ext.hooks.params import PARAMS_ATTR, container_of
+    from rope_ext.installers.params import PARAMS_ATTR, container_of
     from rope_ext.methods import MethodConfig
-    from rope_ext.patches import CONFIG_KEY
+    from rope_ext.families import CONFIG_KEY
 
     hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     config = kwargs.pop("config", None)

@@ -16,7 +16,7 @@ from rope_ext.attention import key_cache, kernels, rules
 from rope_ext.attention.key_cache import NOWHERE, ROTATED_ATTR, KeyRotation
 from rope_ext.attention.program import PositionRule, kernel_override
 from rope_ext.attention.reference import program_reference, reference_attention
-from rope_ext.hooks import attention as attention_hooks
+from rope_ext.installers import attention as attention_hooks
 from rope_ext.methods.rope import rope_cos_sin, rotate, rotate_at_zero
 from rope_ext.methods.windows import rerope_positions
 

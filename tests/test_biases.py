@@ -90,7 +90,7 @@ def test_alibis_key_only_form_differs_from_the_bias_by_a_constant_per_query():
     difference = (full - key).masked_fill(j[None, None] > i[None, :, None], 0.0)
     expected = -torch.tensor(alibi_slopes(8))[:, None] * (i - 20.0)[None]  # g(i) = -m (i - c)
     torch.testing.assert_close(difference[:, :, :20], expected[:, :, None].expand(8, 10, 20), rtol=0, atol=1e-5)
-    from rope_ext.hooks.bias import PositionBias
+    from rope_ext.installers.bias import PositionBias
 
     assert PositionBias(make_config("alibi"), fixed=module).has_key_bias
     assert not PositionBias(make_config("kerple"), owned=object()).has_key_bias
@@ -205,7 +205,7 @@ def test_alibis_blockwise_path_is_as_precise_as_the_materialised_bias(dtype):
 
     from rope_ext.attention import rules
     from rope_ext.attention.program import AttentionProgram, Call
-    from rope_ext.hooks.bias import PositionBias
+    from rope_ext.installers.bias import PositionBias
 
     torch.manual_seed(0)
     heads, n, d = 9, 2500, 64

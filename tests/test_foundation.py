@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import rope_ext
 import rope_ext.core as core
-from rope_ext.hooks import HookInstaller, PlanBuilder, Site, Sites, register_hook, unregister_hook
+from rope_ext.installers import HookInstaller, PlanBuilder, Site, Sites, register_hook, unregister_hook
 from rope_ext.methods import (
     MethodConfig,
     YarnConfig,
@@ -27,7 +27,7 @@ from rope_ext.methods import (
     register_method,
     unregister_method,
 )
-from rope_ext.patches import FamilyAdapter, register_family, unregister_family
+from rope_ext.families import FamilyAdapter, register_family, unregister_family
 
 LONG = 4 * ORIGINAL_CONTEXT
 LONG_FACTOR = [1.0 + 3.0 * i / 7 for i in range(8)]

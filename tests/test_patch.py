@@ -307,7 +307,7 @@ def test_missing_original_context_length():
 
 def test_failed_apply_rolls_back(monkeypatch):
     """An error half way through installing leaves no edit behind."""
-    from rope_ext.hooks import base
+    from rope_ext.installers import base
 
     model = tiny_model("llama")
     ids = input_ids(LONG)

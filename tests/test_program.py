@@ -17,7 +17,7 @@ from torch import nn
 import rope_ext
 from rope_ext.attention.program import Bias, Call, Wrapper, kernel_override
 from rope_ext.attention.reference import program_reference
-from rope_ext.hooks import HookInstaller, PlanBuilder, Sites, own, program_setup, register_hook, unregister_hook
+from rope_ext.installers import HookInstaller, PlanBuilder, Sites, own, program_setup, register_hook, unregister_hook
 from rope_ext.methods import MethodConfig, register_method, unregister_method
 
 L = ORIGINAL_CONTEXT

@@ -367,7 +367,7 @@ def test_refused_training_inputs():
 
 
 def test_families_without_an_attention_site_or_full_layers_are_refused():
-    from rope_ext.patches import get_family
+    from rope_ext.families import get_family
 
     assert "wrapper" not in get_family("falcon").hooks and "wrapper" in get_family("llama").hooks
     with pytest.raises(ValueError, match=r"'s2_attn' needs a 'wrapper' hook, which family 'falcon' does not support; "

@@ -13,7 +13,7 @@ from tiny import FAMILY_MODEL_TYPES, ORIGINAL_CONTEXT, input_ids, logits, tiny_c
 
 import rope_ext
 from rope_ext.attention import kernels
-from rope_ext.hooks import PlanBuilder, Sites
+from rope_ext.installers import PlanBuilder, Sites
 
 L = ORIGINAL_CONTEXT
 

@@ -58,7 +58,7 @@ def model_protocols(model: nn.Module) -> tuple[str, ...]:
         return ("span-corruption",)
     if name.endswith("ForMaskedLM"):
         return ("masked-lm",)
-    from rope_ext.patches import find_family
+    from rope_ext.families import find_family
 
     try:
         causal = find_family(model).causal

@@ -39,7 +39,7 @@ def keep_saved_patch(model: nn.Module, methods: dict[str, list[MethodConfig]] | 
     configs and parameters for the spec ``saved`` (filled into ``methods``' ``SavedPatch`` entries); returns the
     configs (empty: the model was not patched). ``saved`` asked of a model saved without a patch is refused."""
     from rope_ext.core import get_patch, unpatch
-    from rope_ext.hooks.params import container_of
+    from rope_ext.installers.params import container_of
 
     found = get_patch(model)
     asked = [configs for configs in (methods or {}).values() if isinstance(configs, SavedPatch)]
@@ -69,7 +69,7 @@ def _with_method(
         with patched(model, list(configs), **(site_options or {})):
             return work()
     from rope_ext.core import patch, unpatch
-    from rope_ext.hooks.params import container_of
+    from rope_ext.installers.params import container_of
 
     patch(model, list(configs), **(site_options or {}))
     try:
@@ -84,7 +84,7 @@ def check_methods(
 ) -> None:
     """Patch and unpatch once with every method, so one the model cannot take fails before any work; with
     ``longest``, also refuse a method that leaves the model's positions short of it (a learned table)."""
-    from rope_ext.hooks.absolute import position_limit
+    from rope_ext.installers.absolute import position_limit
 
     for spec, configs in methods.items():
         try:

@@ -2,7 +2,7 @@
 
 Every method is a dataclass whose ``__post_init__`` raises ``ValueError`` naming the valid range, and
 which round-trips through ``to_dict``/``from_dict`` (and so through ``config.json``). A config declares
-the *hook kind* it needs; family adapters declare which hook kinds they support (see ``rope_ext.patches``).
+the *hook kind* it needs; family adapters declare which hook kinds they support (see ``rope_ext.families``).
 
 This package is pure math: it imports torch, never transformers.
 """
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.registry import Registry
 
-#: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.hooks``; the window,
+#: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.installers``; the window,
 #: bias and absolute-table methods bring kinds of their own (``attention``, ``bias``, ``absolute``).
 HOOK_FREQUENCY = "frequency"
 #: The hook kinds of the attention-rewrite methods, of query scaling and of wrappers around the whole attention

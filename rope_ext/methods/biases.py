@@ -3,7 +3,7 @@
 Each method is a function of the query and key positions, ``bias(q_pos, k_pos) -> [heads, n, m]``, added to the
 scaled attention scores before the softmax (x-transformers' ``forward(i, j)`` shape). They *replace* a model's
 position encoding: on a RoPE family the rotary embedding becomes the identity, on GPT-2 the learned table adds
-nothing (``rope_ext.hooks.bias``). Distances are ``|i - j|`` (causal attention sees ``j <= i`` only, so that is
+nothing (``rope_ext.installers.bias``). Distances are ``|i - j|`` (causal attention sees ``j <= i`` only, so that is
 ``i - j``; an encoder would see both sides).
 
 * ``alibi`` (Press et al. 2022, arXiv:2108.12409; ofirpress/attention_with_linear_biases, fairseq ``get_slopes``):
@@ -58,7 +58,7 @@ def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 
 class BiasConfig(MethodConfig):
     """Base of the additive-bias configs: ``module(heads)`` is the bias as a module, ``forward(q_pos, k_pos) ->
-    [heads, n, m]`` (float32); its parameters, if ``learnable``, are the patch's own (``rope_ext.hooks.params``)."""
+    [heads, n, m]`` (float32); its parameters, if ``learnable``, are the patch's own (``rope_ext.installers.params``)."""
 
     hook: ClassVar[str] = HOOK_BIAS
     #: whether the bias has parameters that train (one set per attention layer)

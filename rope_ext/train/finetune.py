@@ -145,7 +145,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     """Every check and everything loaded, before anything is written: the model patched and wrapped, the data."""
     from rope_ext.core import get_patch, patch, unpatch
     from rope_ext.eval.data import load_documents
-    from rope_ext.hooks.absolute import position_limit
+    from rope_ext.installers.absolute import position_limit
     from rope_ext.models import MissingTokenizer, load_model
     from rope_ext.train.data import Collator, WindowDataset, run_text
     from rope_ext.train.lora import count_parameters, default_targets, lora_model
@@ -276,7 +276,7 @@ def input_fingerprints(parts: dict[str, Any]) -> dict[str, str]:
     frozen (LoRA), those weights as loaded. The same paths holding other text or another model give others."""
     import hashlib
 
-    from rope_ext.hooks.params import PARAMS_ATTR
+    from rope_ext.installers.params import PARAMS_ATTR
 
     windows = parts["dataset"].windows.contiguous()
     found = {"windows_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest()}

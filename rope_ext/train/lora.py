@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from rope_ext.hooks.params import PARAMS_ATTR, container_of
+from rope_ext.installers.params import PARAMS_ATTR, container_of
 
 TASK_TYPE = "CAUSAL_LM"
 
@@ -38,7 +38,7 @@ def default_targets(model: nn.Module) -> list[str]:
     """The linear layers of the family's attention modules; else peft's table for the model type (``model``
     unpatched: a family locates its sites on the model as transformers built it)."""
     from rope_ext.core import _anchor
-    from rope_ext.patches import find_family
+    from rope_ext.families import find_family
 
     anchor = _anchor(model)
     try:

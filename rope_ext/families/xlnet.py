@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from rope_ext.hooks.base import Sites
-from rope_ext.hooks.distances import DistanceSite
-from rope_ext.patches.base import OwnerFamily, register_family
+from rope_ext.installers.base import Sites
+from rope_ext.installers.distances import DistanceSite
+from rope_ext.families.base import OwnerFamily, register_family
 
 
 class XLNetFamily(OwnerFamily):

@@ -1,6 +1,6 @@
 """OPT: a learned absolute position table (``decoder.embed_positions``, ``max_position_embeddings`` rows after 2
 leading ones that OPT keeps, row 1 read at padding) and attention modules that run transformers'
-``AttentionInterface``: the sites of ``patches/tables.py``, as GPT-2's. Its table class takes OPT's call signature.
+``AttentionInterface``: the sites of ``families/tables.py``, as GPT-2's. Its table class takes OPT's call signature.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rope_ext.hooks.absolute import PositionTable
-from rope_ext.patches.base import register_family
-from rope_ext.patches.tables import LearnedTableFamily
+from rope_ext.installers.absolute import PositionTable
+from rope_ext.families.base import register_family
+from rope_ext.families.tables import LearnedTableFamily
 
 
 class OPTPositionTable(PositionTable):

@@ -10,9 +10,9 @@ remapped positions) nor with biases (another position encoding).
 from __future__ import annotations
 
 from rope_ext.attention.program import PairScale
-from rope_ext.hooks.attention import AttentionSite
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, register_hook
-from rope_ext.hooks.rotary import RotarySite, rotate_in_attention
+from rope_ext.installers.attention import AttentionSite
+from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.installers.rotary import RotarySite, rotate_in_attention
 from rope_ext.methods import HOOK_ATTENTION, HOOK_PAIR_SCALE, MethodConfig, XposConfig, methods_with_hooks
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from rope_ext.hooks.base import Sites
-from rope_ext.hooks.buckets import LogBucketSite
-from rope_ext.patches.base import OwnerFamily, register_family
+from rope_ext.installers.base import Sites
+from rope_ext.installers.buckets import LogBucketSite
+from rope_ext.families.base import OwnerFamily, register_family
 
 
 class DebertaV2Family(OwnerFamily):

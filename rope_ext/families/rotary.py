@@ -23,11 +23,11 @@ import inspect
 
 from torch import nn
 
-from rope_ext.hooks.attention import AttentionSite
-from rope_ext.hooks.base import Sites
-from rope_ext.hooks.rotary import RotarySite
-from rope_ext.patches.attention import attention_site, dispatches_through_interface
-from rope_ext.patches.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
+from rope_ext.installers.attention import AttentionSite
+from rope_ext.installers.base import Sites
+from rope_ext.installers.rotary import RotarySite
+from rope_ext.families.attention import attention_site, dispatches_through_interface
+from rope_ext.families.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
 
 _PREFIX = "transformers.models."
 

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from rope_ext.attention.relative import NO_POSITIONS, RelativeAttention, RelativeBias
-from rope_ext.hooks.attention import AttentionLayer, AttentionSite
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
-from rope_ext.hooks.params import OwnedModule, own
+from rope_ext.installers.attention import AttentionLayer, AttentionSite
+from rope_ext.installers.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
+from rope_ext.installers.params import OwnedModule, own
 from rope_ext.methods import HOOK_BUCKET, HOOK_LOG_BUCKET, BucketConfig, LogBucketConfig, MethodConfig
 
 

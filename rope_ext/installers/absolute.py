@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
+from rope_ext.installers.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
 from rope_ext.methods import HOOK_ABSOLUTE, AbsoluteConfig, MethodConfig
 
 
@@ -76,7 +76,7 @@ class AbsoluteSite(Site):
 def position_limit(model: nn.Module) -> int | None:
     """How many positions ``model`` (patched or not) can take: a learned table's rows, or what the absolute method
     reading it reaches; ``None``: no limit (a model without a table, or whose table a bias switched off)."""
-    from rope_ext.patches import find_family
+    from rope_ext.families import find_family
 
     try:
         sites = find_family(model).locate(model)

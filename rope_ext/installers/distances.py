@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
+from rope_ext.installers.base import HookInstaller, PlanBuilder, RopeExtCallable, Site, register_hook
 from rope_ext.methods import HOOK_DISTANCE, DistanceConfig, MethodConfig
 
 

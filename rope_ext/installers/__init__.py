@@ -1,6 +1,6 @@
 """Hook installers, one per hook kind, and the modules that stand in for a model's own position modules."""
 
-from rope_ext.hooks.base import (
+from rope_ext.installers.base import (
     HookInstaller,
     PlanBuilder,
     RopeExtModule,
@@ -10,7 +10,7 @@ from rope_ext.hooks.base import (
     register_hook,
     unregister_hook,
 )
-from rope_ext.hooks.attention import (  # (registers the attention function with transformers)
+from rope_ext.installers.attention import (  # (registers the attention function with transformers)
     ATTENTION_KEY,
     AttentionLayer,
     AttentionSite,
@@ -18,15 +18,15 @@ from rope_ext.hooks.attention import (  # (registers the attention function with
     installed_programs,
     program_setup,
 )
-from rope_ext.hooks.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite, rotate_in_attention
-from rope_ext.hooks.positions import PositionRuleInstaller, QueryScaleInstaller
-from rope_ext.hooks.wrapper import WrapperInstaller
-from rope_ext.hooks.absolute import AbsoluteInstaller, AbsoluteSite, PositionTable
-from rope_ext.hooks.bias import BiasInstaller, PositionBias
-from rope_ext.hooks.buckets import BucketInstaller, BucketSite, LogBucketInstaller, LogBucketSite
-from rope_ext.hooks.distances import DistanceInstaller, DistanceSite
-from rope_ext.hooks.pair_scale import PairScaleInstaller
-from rope_ext.hooks.params import PARAMS_ATTR, OwnedModule, PatchParameters, own
+from rope_ext.installers.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite, rotate_in_attention
+from rope_ext.installers.positions import PositionRuleInstaller, QueryScaleInstaller
+from rope_ext.installers.wrapper import WrapperInstaller
+from rope_ext.installers.absolute import AbsoluteInstaller, AbsoluteSite, PositionTable
+from rope_ext.installers.bias import BiasInstaller, PositionBias
+from rope_ext.installers.buckets import BucketInstaller, BucketSite, LogBucketInstaller, LogBucketSite
+from rope_ext.installers.distances import DistanceInstaller, DistanceSite
+from rope_ext.installers.pair_scale import PairScaleInstaller
+from rope_ext.installers.params import PARAMS_ATTR, OwnedModule, PatchParameters, own
 
 __all__ = [
     "AbsoluteInstaller",

@@ -1,5 +1,5 @@
 """GPT-2: a learned absolute position table (``transformer.wpe``, ``n_positions`` rows) and attention modules that
-run transformers' ``AttentionInterface`` (no rotary module); the sites of ``patches/tables.py``.
+run transformers' ``AttentionInterface`` (no rotary module); the sites of ``families/tables.py``.
 
 A GPT-2 with cross-attention (``add_cross_attention``) is refused: its cross-attention modules take encoder
 positions, which no method here describes.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from rope_ext.patches.base import register_family
-from rope_ext.patches.tables import LearnedTableFamily
+from rope_ext.families.base import register_family
+from rope_ext.families.tables import LearnedTableFamily
 
 
 class GPT2Family(LearnedTableFamily):

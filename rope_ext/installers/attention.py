@@ -39,7 +39,7 @@ from rope_ext.attention import rules  # noqa: F401  (registers the kernels; hook
 from rope_ext.attention.key_cache import CacheLink
 from rope_ext.attention.memory import release_freed_memory
 from rope_ext.attention.program import AttentionProgram, Call
-from rope_ext.hooks.base import PlanBuilder, Site
+from rope_ext.installers.base import PlanBuilder, Site
 
 logger = logging.get_logger(__name__)
 

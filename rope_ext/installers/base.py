@@ -2,7 +2,7 @@
 
 A *site* is a place where a model keeps part of its position encoding: the shared rotary module, the
 attention modules and their implementation, a bias module, an absolute table. Family adapters
-(``rope_ext.patches``) locate a model's sites; a *hook installer*, one per hook kind, turns those sites
+(``rope_ext.families``) locate a model's sites; a *hook installer*, one per hook kind, turns those sites
 plus a method config into edits. Several installers may configure one site (frequency and attention
 hooks share the rotary module): a site's replacement object is built once per plan and handed to each.
 

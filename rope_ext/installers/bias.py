@@ -27,12 +27,12 @@ import torch
 from torch import nn
 
 from rope_ext.attention.program import Bias, MethodTerm
-from rope_ext.hooks.absolute import AbsoluteSite
-from rope_ext.hooks.attention import AttentionSite, program_setup
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, register_hook
-from rope_ext.hooks.buckets import BucketSite, DistanceFunction, relative_programs
-from rope_ext.hooks.params import OwnedModule, own
-from rope_ext.hooks.rotary import RotarySite
+from rope_ext.installers.absolute import AbsoluteSite
+from rope_ext.installers.attention import AttentionSite, program_setup
+from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.installers.buckets import BucketSite, DistanceFunction, relative_programs
+from rope_ext.installers.params import OwnedModule, own
+from rope_ext.installers.rotary import RotarySite
 from rope_ext.methods import (
     HOOK_ABSOLUTE,
     HOOK_ATTENTION,

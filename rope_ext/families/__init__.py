@@ -1,11 +1,11 @@
-"""Family adapters (installed as ``rope_ext.patches``): locators of each architecture's position sites.
+"""Family adapters (installed as ``rope_ext.families``): locators of each architecture's position sites.
 
 Families that differ only by their rotary class are rows of the table in ``rotary.py``; a family with
 behaviour of its own is a module here that calls ``register_family``, plus one import line below.
 """
 
-from rope_ext.patches import deberta, gpt2, opt, rotary, t5, xlnet  # noqa: F401  (registers the families)
-from rope_ext.patches.base import (
+from rope_ext.families import deberta, gpt2, opt, rotary, t5, xlnet  # noqa: F401  (registers the families)
+from rope_ext.families.base import (
     CONFIG_KEY,
     FamilyAdapter,
     find_family,

@@ -3,7 +3,7 @@
 An adapter recognises one Hugging Face architecture family and returns its ``Sites`` (the rotary module
 and its layer types, the config, later the attention modules, bias modules and absolute tables). The
 hook kinds a family supports follow from the site kinds it provides: a kind is supported when its
-installer (``rope_ext.hooks``) needs only sites the family has. Adapters never edit a model.
+installer (``rope_ext.installers``) needs only sites the family has. Adapters never edit a model.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from rope_ext.hooks.base import RopeExtModule, Sites, hook_kinds_for
+from rope_ext.installers.base import RopeExtModule, Sites, hook_kinds_for
 from rope_ext.registry import Registry
 
 #: The config attribute that records a patch, so ``save_pretrained`` carries it into ``config.json``.
@@ -37,7 +37,7 @@ class FamilyAdapter(ABC):
     @property
     def methods(self) -> list[str]:
         """The registered methods that run on this family (their hook kind supported, and fitting its sites)."""
-        from rope_ext.hooks.base import get_hook
+        from rope_ext.installers.base import get_hook
         from rope_ext.methods import get_method_class, methods_with_hooks
 
         return [name for name in methods_with_hooks(self.hooks)

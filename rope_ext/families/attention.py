@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from rope_ext.hooks.attention import AttentionLayer, AttentionSite
+from rope_ext.installers.attention import AttentionLayer, AttentionSite
 
 
 def is_attention(module: nn.Module) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rope_ext.hooks.base import AttrEdit, PlanBuilder, RopeExtModule, _own_attribute
+from rope_ext.installers.base import AttrEdit, PlanBuilder, RopeExtModule, _own_attribute
 
 #: the attribute of the patched model that holds the container (and the prefix of its state-dict keys)
 PARAMS_ATTR = "rope_ext"

@@ -10,11 +10,11 @@ from typing import ClassVar
 
 from torch import nn
 
-from rope_ext.hooks.absolute import AbsoluteSite, PositionTable
-from rope_ext.hooks.attention import AttentionSite
-from rope_ext.hooks.base import Sites
-from rope_ext.patches.attention import attention_site
-from rope_ext.patches.base import OwnerFamily
+from rope_ext.installers.absolute import AbsoluteSite, PositionTable
+from rope_ext.installers.attention import AttentionSite
+from rope_ext.installers.base import Sites
+from rope_ext.families.attention import attention_site
+from rope_ext.families.base import OwnerFamily
 
 
 class LearnedTableFamily(OwnerFamily):

@@ -1,5 +1,5 @@
 """T5 and the families that share its attention code (mT5, UMT5): relative-position bucket tables, no rotary
-module and no absolute table; the sites of ``rope_ext.hooks.buckets``.
+module and no absolute table; the sites of ``rope_ext.installers.buckets``.
 
 Patched, every attention module (self and cross) runs rope_ext's attention with the bias block by block
 (``rope_ext.attention.relative``): the cross-attention modules, which have no table (no positions), are found by
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from rope_ext.hooks.base import Sites
-from rope_ext.hooks.buckets import BucketSite
-from rope_ext.patches.base import FamilyAdapter, modules_deriving_from, register_family
+from rope_ext.installers.base import Sites
+from rope_ext.installers.buckets import BucketSite
+from rope_ext.families.base import FamilyAdapter, modules_deriving_from, register_family
 
 
 class BucketFamily(FamilyAdapter):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from rope_ext.attention.program import PositionRule
 from rope_ext.attention.shifted import ShiftedGroups
-from rope_ext.hooks.attention import AttentionSite, program_setup
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.installers.attention import AttentionSite, program_setup
+from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.methods import HOOK_FREQUENCY, HOOK_WRAPPER, MethodConfig, S2AttnConfig, methods_with_hooks
 
 

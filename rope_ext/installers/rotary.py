@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from rope_ext.attention.program import AttentionProgram, PositionRule
-from rope_ext.hooks.attention import AttentionLayer, program_setup
-from rope_ext.hooks.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
+from rope_ext.installers.attention import AttentionLayer, program_setup
+from rope_ext.installers.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
 from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
