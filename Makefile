@@ -34,11 +34,15 @@ demo: setup
 bench: setup
 	$(PY) scripts/bench_overhead.py --repeats 5
 
-# Mutation testing of rope_ext/methods and rope_ext/attention (docs/testing.md): hours on 2 cores; `mutmut results`
-# lists the survivors afterwards, `mutmut show NAME` one of them. Results are kept in mutants/ (rerun: only what changed).
+# Mutation testing of every module of rope_ext/methods and rope_ext/attention (docs/testing.md; `only_mutate` and the
+# test selection in [tool.mutmut] of pyproject.toml): hours on 2 cores. MUTANTS runs a part, e.g.
+# `make mutation MUTANTS='rope_ext.methods.biases*'`; the survivors are listed at the end (`mutmut show NAME` shows
+# one). Results are kept in mutants/ (rerun: only what changed).
+MUTANTS ?=
 mutation: setup
 	$(PY) -m pip install --quiet -e ".[dev]"
-	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1 $(foreach m,$(MUTANTS),'$(m)')
+	$(VENV)/bin/mutmut results
 
 clean:
 	rm -rf $(VENV) *.egg-info

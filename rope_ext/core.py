@@ -10,12 +10,7 @@ reaches the same patch.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import gc
-import logging
-import sys
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,15 +18,16 @@ from typing import Any, TypeVar
 from torch import nn
 
 from rope_ext.installers.attention import installed_programs
-from rope_ext.installers.base import ForwardPreHookEdit, PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
+from rope_ext.installers.base import PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
 from rope_ext.installers.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
-from rope_ext.methods import HOOK_ATTENTION, MethodConfig, make_configs
+from rope_ext.methods import MethodConfig, make_configs
 from rope_ext.methods.base import get_method_class
 from rope_ext.methods.spec import parse_spec, split_spec
-from rope_ext.families import CONFIG_KEY, find_family
+from rope_ext.families import CONFIG_KEY, Support, find_family
+from rope_ext.guards import refuse_shared_configs, warn_beyond_range
+from rope_ext.saved import saved_block
 
 STATE_ATTR = "_rope_ext_state"
-_logger = logging.getLogger("rope_ext")
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
@@ -61,14 +57,11 @@ def _named_hooks(method: Any) -> list[tuple[str, str]]:
     return [(name, get_method_class(name).hook) for name in names if isinstance(name, str) and get_method_class(name)]
 
 
-def _check_hooks(family: Any, methods: list[tuple[str, str]]) -> None:
+def _check_hooks(support: Support, methods: list[tuple[str, str]]) -> None:
+    """Refuse a method the model's family does not support: the one predicate ``rope-ext families`` lists
+    (``FamilyAdapter.support``), raising the reason and the methods that fit."""
     for name, hook in methods:
-        if hook not in family.hooks:
-            article = "an" if hook[:1] in "aeiou" else "a"
-            raise ValueError(
-                f"method {name!r} needs {article} {hook!r} hook, which family {family.name!r} does not support; "
-                f"methods for {family.name}: {', '.join(family.methods)}"
-            )
+        support.check(name, hook)
 
 
 def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
@@ -89,7 +82,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
     current = _find_state(model)
     if current is not None:
         owner, state = current
-        where = "" if owner is _anchor(model) else f" (through its submodule {type(owner).__name__})"
+        where = "" if owner is anchor_of(model) else f" (through its submodule {type(owner).__name__})"
         raise RuntimeError(
             f"model is already patched{where} with {_describe(state.methods)!r}; call rope_ext.unpatch(model) "
             "before patching again"
@@ -100,9 +93,10 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"part of this model ({replaced!r}) is already patched by rope_ext through a model that contains it; "
             "unpatch that model first"
         )
-    anchor = _anchor(model)
+    anchor = anchor_of(model)
     family = find_family(anchor)
-    _check_hooks(family, _named_hooks(method))  # (before the sites: a model the family cannot take names no method)
+    support = family.support(anchor)
+    _check_hooks(support, _named_hooks(method))  # (before the sites: a model the family cannot take names no method)
     sites = family.locate(anchor)
     if sites.model is None:
         sites.model = anchor
@@ -122,11 +116,10 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"{error}; this model's site options (keyword arguments of patch, not part of a method's options): "
             f"{', '.join(site_options)}"
         ) from None
-    _check_hooks(family, [(config.method, config.hook) for config in configs])
+    _check_hooks(support, [(config.method, config.hook) for config in configs])
 
     builder = PlanBuilder(sites, site_options | given, frozenset(config.hook for config in configs))
-    for config in configs:
-        get_hook(config.hook).plan(builder, config)
+    builder.install(configs)
     if anchor is not model and any(isinstance(edit, ContainerEdit) for edit in builder.plan.edits):
         learned = ", ".join(c.method for c in configs if getattr(c, "learnable", False)) or "this patch"
         raise ValueError(
@@ -134,9 +127,9 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             "train but the wrapper would not save them. Patch the model before wrapping it, and list 'rope_ext' in "
             "LoraConfig(modules_to_save=[...]) so peft trains and saves them"
         )
-    builder.edit_config(sites.config, CONFIG_KEY, _saved_block(builder, configs, given))
-    _warn_beyond_range(builder, anchor)
-    _refuse_shared_configs(model, builder)
+    builder.edit_config(sites.config, CONFIG_KEY, saved_block(builder, configs, given))
+    warn_beyond_range(builder, anchor)
+    refuse_shared_configs(model, builder)
     builder.plan.apply()
     setattr(anchor, STATE_ATTR, PatchState(configs, builder.plan))
     return model
@@ -273,27 +266,7 @@ def _ranges(indices: list[int]) -> str:
     return ("layer " if len(indices) == 1 else "layers ") + ",".join(parts)
 
 
-def saved_patch(config: Any) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], list[str]] | None:
-    """``(methods, site options, replaced config values by path, added names)`` recorded in a config's
-    ``rope_ext`` block, or ``None``."""
-    block = getattr(config, CONFIG_KEY, None)
-    if block is None:
-        return None
-    if "method" in block:  # the block of rope_ext 0.1: one method, layer_types, no base values
-        options = {"layer_types": block["layer_types"]} if block.get("layer_types") is not None else {}
-        return [block["method"]], options, {"rope_parameters": _unscaled(config.rope_parameters)}, []
-    return block["methods"], block.get("options", {}), block.get("base", {}), block.get("absent", [])
-
-
 # --- helpers ---------------------------------------------------------------------------------------
-
-
-def _unscaled(rope_parameters: dict[str, Any]) -> dict[str, Any]:
-    """``rope_parameters`` with every scaling removed (what rope_ext 0.1 replaced with a native method)."""
-    if all(isinstance(value, dict) for value in rope_parameters.values()):  # per layer type (Gemma 3)
-        return {layer_type: _unscaled(params) for layer_type, params in rope_parameters.items()}
-    kept = {key: rope_parameters[key] for key in ("rope_theta", "partial_rotary_factor") if key in rope_parameters}
-    return {"rope_type": "default", **kept}
 
 
 def _check_model(model: Any) -> None:
@@ -304,7 +277,7 @@ def _check_model(model: Any) -> None:
         )
 
 
-def _anchor(model: nn.Module) -> nn.Module:
+def anchor_of(model: nn.Module) -> nn.Module:
     """The transformers model inside a peft wrapper (where the patch state lives), else ``model``."""
     get_base_model = getattr(type(model), "get_base_model", None)
     return model.get_base_model() if callable(get_base_model) else model
@@ -350,167 +323,5 @@ def _describe(methods: tuple[MethodConfig, ...]) -> MethodConfig | tuple[MethodC
     return methods[0] if len(methods) == 1 else methods
 
 
-def _saved_block(builder: PlanBuilder, configs: tuple[MethodConfig, ...], given: dict[str, Any]) -> dict[str, Any]:
-    """What the model config carries under ``rope_ext``: the methods, the site options, and the values the
-    patch replaces in that config or its sub-configs (by attribute path, e.g. ``text_config.rope_parameters``)
-    with the names it adds, so a reload can rebuild the unpatched model before patching it."""
-    top = builder.sites.config
-    base: dict[str, Any] = {}
-    absent: list[str] = []
-    for edit in builder.config_edits:
-        owner = "" if edit.obj is top else next((f"{k}." for k, v in vars(top).items() if v is edit.obj), None)
-        if owner is None:
-            continue  # not reachable from the saved config: nothing a reload could restore
-        if hasattr(edit.obj, edit.name):
-            base[owner + edit.name] = copy.deepcopy(getattr(edit.obj, edit.name))
-        else:
-            absent.append(owner + edit.name)
-    block = {"methods": [c.to_dict() for c in configs], "options": copy.deepcopy(given), "base": base}
-    return block | ({"absent": absent} if absent else {})
-
-
-#: references to a config held by ``patch`` itself while it counts (``Sites.config``, the mapping iterated,
-#: the generators' closure cell, ``sys.getrefcount``'s argument); a test pins this number. Another model
-#: built from the same config adds at least three (its model, base model and rotary module).
-_OWN_TEMPORARY_REFERENCES = 4
-
-
-def _foreign_modules(config: Any, own: list[nn.Module]) -> list[nn.Module]:
-    """transformers models outside ``own`` (and not containing it) whose attributes hold ``config``: one scan of
-    the garbage collector's objects (and one per attribute dict found, to find the module owning it)."""
-    from transformers import PreTrainedModel
-
-    own_ids = {id(m) for m in own} | {id(vars(m)) for m in own}
-    foreign = []
-    for ref in gc.get_referrers(config):
-        if id(ref) in own_ids:
-            continue
-        owner = ref
-        if isinstance(ref, dict) and "_modules" in ref and "_parameters" in ref:  # a module's attribute dict
-            owner = next((r for r in gc.get_referrers(ref) if isinstance(r, nn.Module) and vars(r) is ref), None)
-        if isinstance(owner, PreTrainedModel) and not any(m is own[0] for m in owner.modules()):
-            foreign.append(owner)
-    return foreign
-
-
-def _refuse_shared_configs(model: nn.Module, builder: PlanBuilder) -> None:
-    """A config object the plan edits must belong to this model alone (two models built from one config
-    object would both change, and unpatching one would undo the other's values).
-
-    Scanning every object for referrers costs ~0.2 s in a large process, so it runs only when the config has
-    more references than this model's modules, the plan and this function account for.
-    """
-    edits = builder.plan.edits
-    own = [*model.modules(), *(e.new for e in edits if isinstance(getattr(e, "new", None), nn.Module))]
-    configs = {id(e.obj): e.obj for e in builder.config_edits}
-    for config in configs.values():
-        known = sum(1 for m in own for value in vars(m).values() if value is config)
-        known += sum(1 for e in edits if getattr(e, "obj", None) is config)
-        known += sum(1 for e in edits for c in getattr(e, "configs", ()) if c is config)
-        if sys.getrefcount(config) - known <= _OWN_TEMPORARY_REFERENCES:
-            continue
-        foreign = _foreign_modules(config, own)
-        if foreign:
-            gc.collect()  # a model that is gone but not yet collected does not count
-            foreign = _foreign_modules(config, own)
-        if foreign:
-            raise ValueError(
-                "this model's config object is shared with another model (built from the same config object, "
-                "not part of this one); patching would change both. Give each model its own config, e.g. build "
-                "the other from copy.deepcopy(config)"
-            )
-
-
 # --- the intended range of a patch ---------------------------------------------------------------------
 
-#: transformers' generation reminder, which quotes ``config.max_position_embeddings`` (``MaxLengthCriteria``)
-_REMINDER = "This is a friendly reminder - the current text generation call has exceeded the model's predefined maximum length ({})"
-
-
-@dataclass(eq=False)
-class _RangeWarning:
-    """Forward pre-hook of the patched model: warns once when a forward's sequence (input plus cache, or the
-    largest position id of a forward without a cache) passes the longest one its methods were made for."""
-
-    method: str
-    limit: int
-    warned: bool = False
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if self.warned:
-            return
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            ids = kwargs.get("inputs_embeds")
-        if not hasattr(ids, "shape") or ids.dim() < 2:
-            return
-        cache = kwargs.get("past_key_values")
-        cached = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
-        length = int(ids.shape[1]) + int(cached)
-        positions = kwargs.get("position_ids")
-        if positions is not None and not cached and positions.numel():  # (PoSE ids reach past the tokens; read
-            length = max(length, int(positions.max()) + 1)  # once per prompt, not at every cached step)
-        if length > self.limit:
-            self.warned = True
-            _logger.warning(
-                f"rope_ext: a sequence of {length} tokens is beyond what {self.method} was made for ({self.limit} "
-                "tokens: past it, remapped distances exceed the trained ones, or the frequency scaling ends); "
-                "expect degraded outputs. (Warned once per patch.)"
-            )
-
-
-class _ReminderFilter(logging.Filter):
-    """Drops transformers' "exceeded the model's predefined maximum length" reminder for a length a live patched
-    model extends past (the patch warns by its own range instead). One filter for the process; the models are
-    weakly held, so a model dropped without ``unpatch`` silences nothing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lengths: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.lengths:
-            return True
-        message = record.getMessage()
-        return not any(message.startswith(_REMINDER.format(length)) for length in set(self.lengths.values()))
-
-
-_REMINDERS = _ReminderFilter()
-
-
-@dataclass
-class _SilenceReminder:
-    """While patched, ``_REMINDERS`` drops the reminder at ``length`` for ``model``."""
-
-    model: nn.Module
-    length: int
-
-    def apply(self) -> None:
-        target = logging.getLogger("transformers.generation.stopping_criteria")
-        if _REMINDERS not in target.filters:
-            target.addFilter(_REMINDERS)
-        _REMINDERS.lengths[self.model] = self.length
-
-    def changed(self) -> None:
-        return None
-
-    def revert(self) -> None:
-        _REMINDERS.lengths.pop(self.model, None)
-
-
-def _warn_beyond_range(builder: PlanBuilder, anchor: nn.Module) -> None:
-    """Install the range warning of the plan's methods (an attention method's range when there is one, else a
-    frequency method's), and silence transformers' reminder where the patch reaches past it."""
-    ranges = builder.memo.get("ranges", {})
-    if not ranges:
-        return
-    method, limit = ranges.get(HOOK_ATTENTION) or next(iter(ranges.values()))
-    if limit is not None:
-        builder.plan.edits.append(ForwardPreHookEdit(anchor, _RangeWarning(method, limit)))
-    config = getattr(anchor, "config", None)
-    claimed = getattr(config, "max_position_embeddings", None)
-    for edit in builder.config_edits:
-        if edit.obj is config and edit.name == "max_position_embeddings":
-            claimed = edit.new
-    if isinstance(claimed, int) and (limit is None or limit > claimed):
-        builder.plan.edits.append(_SilenceReminder(anchor, claimed))

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from rope_ext.cli import _int_at_least, _option
+from rope_ext.cli.options import int_at_least as _int_at_least, option as _option
 from rope_ext.eval.perplexity import parse_lengths
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from bench_attention import _methods  # (the CPU benchmark's check of --methods; this folder is sys.path[0])
 
-from rope_ext.cli import _int_at_least, _option
+from rope_ext.cli.options import int_at_least as _int_at_least, option as _option
 from rope_ext.eval.perplexity import parse_lengths
 
 #: the default model's architecture (SmolLM2-135M)

@@ -57,7 +57,7 @@ def _batch(window: int, target: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def _setup(model, spec: str, s2: bool, checkpointing: bool = False):
     import rope_ext
-    from rope_ext.cli import parse_method_spec
+    from rope_ext.runs.specs import parse_method_spec
     from rope_ext.methods import get_method_class
     from rope_ext.train.lora import lora_model
 
@@ -96,7 +96,7 @@ def _step(wrapped, optimizer, batch) -> float:
 
 def measure_memory(spec: str, s2: bool, window: int, target: int, checkpointing: bool) -> dict[str, float]:
     """(Run in its own process.) Resident memory before the first step and the peak over two steps."""
-    from rope_ext.models import load_default_model
+    from rope_ext.runs.models import load_default_model
 
     model, _ = load_default_model()
     wrapped, optimizer, _ = _setup(model, spec, s2, checkpointing)
@@ -144,7 +144,7 @@ def main() -> int:
         groups.append(("s2", s2_window, [(args.s2_method, False), (args.s2_method, True)], args.s2_rounds,
                        args.s2_checkpointing))
 
-    from rope_ext.models import load_default_model
+    from rope_ext.runs.models import load_default_model
 
     model, _ = load_default_model()
     result: dict = {"device": "cpu", "threads": args.threads, "torch": torch.__version__, "target": target, "groups": []}

@@ -17,7 +17,7 @@ import torch
 
 import rope_ext
 from rope_ext.eval.corpus import kjv_book
-from rope_ext.cli import parse_methods
+from rope_ext.runs.specs import parse_methods
 from rope_ext.families import find_family
 
 STATIC_METHODS = "none,pi:factor=2,ntk:factor=2,ntk_by_parts:factor=2,yarn:factor=2,llama3:factor=2"

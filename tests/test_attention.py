@@ -12,7 +12,7 @@ import torch
 from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_config, tiny_model
 
 import rope_ext
-from rope_ext.attention import key_cache, kernels, rules
+from rope_ext.attention import blocks, key_cache, kernels, rules
 from rope_ext.attention.key_cache import NOWHERE, ROTATED_ATTR, KeyRotation
 from rope_ext.attention.program import PositionRule, kernel_override
 from rope_ext.attention.reference import program_reference, reference_attention
@@ -286,7 +286,7 @@ def test_rotate_in_place_is_bit_exact_with_transformers_formula(dtype):
 
 class _PathSpy:
     """Which path computed a forward: counts of the fast runners (``rules.FAST_RUNNERS``), the general regions path
-    (``rules._masked_blocks``) and the region kernels (``kernels.region``: the plain kernel's too), and of the plain
+    (``blocks.masked_blocks``) and the region kernels (``kernels.region``: the plain kernel's too), and of the plain
     reference (``reference._softmax_out``: every reference call ends there), which raises while ``fast_only``."""
 
     def __init__(self, monkeypatch):
@@ -301,7 +301,7 @@ class _PathSpy:
         """Wrap what this spy counts (the reference is always counted)."""
         for cls, runner in list(rules.FAST_RUNNERS.items()):
             monkeypatch.setitem(rules.FAST_RUNNERS, cls, self._counting(runner.__name__, runner))
-        monkeypatch.setattr(rules, "_masked_blocks", self._counting("general", rules._masked_blocks))
+        monkeypatch.setattr(blocks, "masked_blocks", self._counting("general", blocks.masked_blocks))
         monkeypatch.setattr(kernels, "region", self._counting("region", kernels.region))
 
     def _counting(self, name, fn):

@@ -171,12 +171,12 @@ def test_distances_are_absolute():
 @pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
 @pytest.mark.parametrize("method", BIASES)
 def test_blockwise_bias_equals_the_plain_reference_with_padding_and_jumps(family, method, monkeypatch):
-    from rope_ext.attention import kernels, rules
+    from rope_ext.attention import kernels, plain
 
     monkeypatch.setattr(kernels, "TILE", 16)
     monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)
-    monkeypatch.setattr(rules, "KEY_BIAS_FAR_BLOCK", 40)  # (ALiBi's inference path: far blocks, squares of 16)
-    monkeypatch.setattr(rules, "KEY_BIAS_BLOCK", 16)
+    monkeypatch.setattr(plain, "KEY_BIAS_FAR_BLOCK", 40)  # (ALiBi's inference path: far blocks, squares of 16)
+    monkeypatch.setattr(plain, "KEY_BIAS_BLOCK", 16)
     model = MODELS[family]()
     ids = input_ids(3 * L, batch=2)
     mask = torch.ones_like(ids)
@@ -203,7 +203,7 @@ def test_alibis_blockwise_path_is_as_precise_as_the_materialised_bias(dtype):
     flash op takes the bias in float32 whatever the call's dtype, where a bf16 bias lost a whole unit, error 1.45)."""
     import torch.nn.functional as F
 
-    from rope_ext.attention import rules
+    from rope_ext.attention import plain
     from rope_ext.attention.program import AttentionProgram, Call
     from rope_ext.installers.bias import PositionBias
 
@@ -221,9 +221,9 @@ def test_alibis_blockwise_path_is_as_precise_as_the_materialised_bias(dtype):
     exact = torch.softmax(scores, -1) @ v.double()
     materialised = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(dtype), scale=scale)
     bound = 1.1 * (materialised.double() - exact).abs().max()
-    blockwise = rules.run_plain(Call(program, q, k, v, scale))
+    blockwise = plain.run_plain(Call(program, q, k, v, scale))
     assert (blockwise.double() - exact).abs().max() <= bound
-    recorded = rules.run_plain(Call(program, q.clone().requires_grad_(), k, v, scale))  # (training: 256-query blocks)
+    recorded = plain.run_plain(Call(program, q.clone().requires_grad_(), k, v, scale))  # (training: 256-query blocks)
     # (float32: values up to m x 256 near the diagonal cost about twice the materialised error, 3.4e-5 against 1.8e-5)
     assert (recorded.detach().double() - exact).abs().max() <= bound * (2 if dtype == torch.float32 else 1)
 
@@ -448,7 +448,7 @@ def test_xpos_cached_generation_equals_the_full_forward():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("alibi:factor=0.5", r"alibi: factor must be a finite number in \[1.0, inf\)"),
+        ("alibi:factor=0.5", r"alibi: factor must be >= 1 and <= 1e6 \(.*\), got 0.5; a factor below 1 would steepen"),
         ("alibi:slopes=[0.5,-0.1]", r"alibi: every slope must be a finite number in \(0.0, inf\)"),
         ("kerple:form=cubic", "kerple: form must be one of log, power"),
         ("fire:width=0", "fire: width must be an int >= 1"),
@@ -470,13 +470,17 @@ def test_bad_values_are_refused_naming_the_valid_range(spec, message):
         ("gpt2", "yarn:factor=4", r"method 'yarn' needs a 'frequency' hook, which family 'gpt2' does not support; "
                                   r"methods for gpt2: abs_hierarchical, abs_interp, alibi, fire, kerple, s2_attn, sandwich, sinusoidal$"),
         ("llama", "abs_interp", "method 'abs_interp' needs an 'absolute' hook, which family 'llama' does not support"),
-        ("llama", "alibi+yarn:factor=4", "alibi replaces the model's position encoding, so it cannot be combined with "
-                                         "'frequency' methods"),
-        ("llama", "alibi+dca", "cannot be combined with 'attention' methods"),
-        ("gpt2", "alibi+abs_interp", "cannot be combined with 'absolute' methods"),
+        ("llama", "alibi+yarn:factor=4", r"alibi cannot be combined with yarn \('frequency' methods: .*yarn\): alibi "
+                                         r"replaces the model's position encoding, and yarn is a position encoding itself; "
+                                         r"alibi combines with 'query_scale' methods \(logn\)$"),
+        ("llama", "alibi+dca", r"alibi cannot be combined with dca \('attention' methods: dca, "),
+        ("gpt2", "alibi+abs_interp", r"alibi cannot be combined with abs_interp \('absolute' methods: .*combines with "
+                                     r"nothing on this model$"),
         ("gpt2", "alibi:slopes=[0.5,0.25]", "alibi: 2 slopes given for a model with 4 attention heads"),
-        ("llama", "xpos+dca", "xpos scales plain RoPE; it cannot be combined with attention rewrites"),
-        ("llama", "xpos+alibi", "cannot be combined with 'pair_scale' methods"),
+        ("llama", "xpos+dca", r"xpos cannot be combined with dca \('attention' methods: .*\): xpos scales plain RoPE, "
+                              r"and dca remaps the positions; xpos combines with 'frequency' methods \(.*\) and "
+                              r"'query_scale' methods \(logn\)$"),
+        ("llama", "xpos+alibi", r"alibi cannot be combined with xpos \('pair_scale' methods: xpos\)"),
         ("gpt2", "xpos", "method 'xpos' needs a 'pair_scale' hook, which family 'gpt2' does not support"),
         # a method that cannot fit is refused as such, before its missing options
         ("gpt2", "yarn", "method 'yarn' needs a 'frequency' hook, which family 'gpt2' does not support"),
@@ -553,33 +557,33 @@ def test_a_cast_is_not_training(dtype):
 
 
 def test_biased_calls_flush_denormals_inside_and_restore_the_thread_setting(monkeypatch):
-    from rope_ext.attention import kernels
+    from rope_ext.attention import dispatch
 
     cpu = torch.device("cpu")
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU cannot flush denormals")
-    assert not kernels._flushing_denormals()
-    with kernels.flushed_denormals(cpu):
-        assert kernels._flushing_denormals()
-    assert not kernels._flushing_denormals()
+    assert not dispatch._flushing_denormals()
+    with dispatch.flushed_denormals(cpu):
+        assert dispatch._flushing_denormals()
+    assert not dispatch._flushing_denormals()
     torch.set_flush_denormal(True)  # a caller's own setting is kept
     try:
-        with kernels.flushed_denormals(cpu):
-            assert kernels._flushing_denormals()
-        assert kernels._flushing_denormals()
+        with dispatch.flushed_denormals(cpu):
+            assert dispatch._flushing_denormals()
+        assert dispatch._flushing_denormals()
     finally:
         torch.set_flush_denormal(False)
     seen = []
-    attention = kernels.lse_attention
+    attention = dispatch.lse_attention
 
     def spy(*args, **kwargs):
-        seen.append(kernels._flushing_denormals())
+        seen.append(dispatch._flushing_denormals())
         return attention(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "lse_attention", spy)
+    monkeypatch.setattr(dispatch, "lse_attention", spy)
     model = rope_ext.patch(tiny_model("llama"), "alibi")
     logits(model, input_ids(L))
-    assert seen and all(seen) and not kernels._flushing_denormals()
+    assert seen and all(seen) and not dispatch._flushing_denormals()
 
 
 def test_a_gpt2_with_cross_attention_is_refused_and_untouched():

@@ -13,7 +13,7 @@ import pytest
 from test_eval import tiny_checkpoint  # noqa: F401  (a fixture)
 
 from rope_ext.cli import main
-from rope_ext.eval.results import ResultStore
+from rope_ext.runs.results import ResultStore
 
 WORDS = ["alpha", "beta", "gamma", "delta"]
 
@@ -266,6 +266,7 @@ def test_methods_lists_hook_kinds_and_meanings(capsys):
     for name in rope_ext.list_methods():
         (line,) = [line for line in lines if line.split()[:1] == [name]]
         assert line.split()[1] == get_method_class(name).hook and len(line.split()) > 3  # a meaning follows
+        assert "(no description)" not in line, f"rope-ext methods prints no description for {name}: {line}"
     assert any(re.match(r"dca +attention +Dual Chunk Attention", line) for line in lines)
     assert any(re.match(r"pi +frequency +Position Interpolation", line) for line in lines)  # (from the module doc)
 

@@ -11,7 +11,7 @@ from test_attention import FAMILIES, IDS, L, METHODS, _PathSpy, reference
 from tiny import input_ids, tiny_model
 
 import rope_ext
-from rope_ext.attention import kernels
+from rope_ext.attention import dispatch, kernels
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = "cuda"
@@ -41,9 +41,9 @@ def test_flash_window_is_the_window_mask(dtype):
                               (200, 200, 0, 0), (64, 500, -1, -1)]:
         q = torch.randn(2, 9, n, 64, device=CUDA, dtype=dtype)
         k, v = torch.randn(2, 3, m, 64, device=CUDA, dtype=dtype), torch.randn(2, 3, m, 64, device=CUDA, dtype=dtype)
-        allowed = kernels.window_mask(n, m, left, right, CUDA)
+        allowed = dispatch.window_mask(n, m, left, right, CUDA)
         seen = allowed.any(-1)
-        out, lse = kernels._flash_cuda(q, k, v, 0.125, left=left, right=right)
+        out, lse = dispatch._flash_cuda(q, k, v, 0.125, left=left, right=right)
         expected, expected_lse = _masked_softmax(q, k, v, 0.125, allowed)
         torch.testing.assert_close(out[:, :, seen].double(), expected[:, :, seen], rtol=0, atol=1e-2)
         torch.testing.assert_close(lse[:, :, seen].double(), expected_lse[:, :, seen], rtol=0, atol=1e-4)
@@ -58,12 +58,12 @@ def test_window_attention_dispatch_is_exact(dtype):
     for n, m, left, right in cases:
         q = torch.randn(2, 9, n, 64, device=CUDA, dtype=dtype)
         k, v = torch.randn(2, 3, m, 64, device=CUDA, dtype=dtype), torch.randn(2, 3, m, 64, device=CUDA, dtype=dtype)
-        out, lse = kernels.window_attention(q, k, v, 0.125, left, right)
-        expected, expected_lse = _masked_softmax(q, k, v, 0.125, kernels.window_mask(n, m, left, right, CUDA))
+        out, lse = dispatch.window_attention(q, k, v, 0.125, left, right)
+        expected, expected_lse = _masked_softmax(q, k, v, 0.125, dispatch.window_mask(n, m, left, right, CUDA))
         torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-2)
         torch.testing.assert_close(lse.double(), expected_lse, rtol=0, atol=1e-4)
     if torch.cuda.get_device_capability() >= (9, 0):
-        assert kernels._use_cudnn(q, k, v)
+        assert dispatch._use_cudnn(q, k, v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -103,7 +103,7 @@ def test_regions_follow_the_sdpa_backends_switched_on(backends):
             q = torch.randn(1, 9, n, 64, device=CUDA, dtype=torch.bfloat16)
             k = torch.randn(1, 3, keys, 64, device=CUDA, dtype=torch.bfloat16)
             v = torch.randn(1, 3, keys, 64, device=CUDA, dtype=torch.bfloat16)
-            assert not kernels._use_cuda_flash(q, k, v)
+            assert not dispatch.use_cuda_flash(q, k, v)
             acc = kernels.Accumulator(q, 64)
             kernels.region(acc, q, k, v, 0.125, q0, near, far, key_offset, 64)
             i = torch.arange(q0, q0 + n, device=CUDA)[:, None]
@@ -128,13 +128,13 @@ def _sharpened(model, family):
 
 
 class _Ops(_PathSpy):
-    """Counts of the attention ops the kernels call (``kernels._efficient_cuda``: the memory-efficient op;
+    """Counts of the attention ops the kernels call (``dispatch._efficient_cuda``: the memory-efficient op;
     ``_flash_cuda`` / ``_dense_cuda``: the flash op and cuDNN; ``_matmul_attention``: the plain fallback) and of the
     plain reference (``reference._softmax_out``), which must not run inside ``fast``."""
 
     def _spy(self, monkeypatch):
         for name in ("_efficient_cuda", "_flash_cuda", "_dense_cuda", "_matmul_attention"):
-            monkeypatch.setattr(kernels, name, self._counting(name, getattr(kernels, name)))
+            monkeypatch.setattr(dispatch, name, self._counting(name, getattr(dispatch, name)))
 
     def check(self, dtype):
         """The path each dtype takes on CUDA: float32 on the memory-efficient op; bfloat16 on the flash op or cuDNN

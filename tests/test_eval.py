@@ -14,7 +14,8 @@ import torch
 from tiny import input_ids, tiny_model
 
 import rope_ext
-from rope_ext.cli import main, parse_method_spec, parse_methods
+from rope_ext.cli import main
+from rope_ext.runs.specs import parse_method_spec, parse_methods
 from rope_ext.eval.data import Document, load_documents, tokenize_documents
 from rope_ext.eval.passkey import NEEDLE, is_correct, passkey_prompt, passkey_trial, trial_key
 from rope_ext.eval.perplexity import (
@@ -25,7 +26,7 @@ from rope_ext.eval.perplexity import (
     summarize,
     token_nll,
 )
-from rope_ext.eval.results import ResultStore
+from rope_ext.runs.results import ResultStore
 from rope_ext.eval.run import run_perplexity
 from rope_ext.methods import make_config, make_configs
 
@@ -204,7 +205,7 @@ def test_method_specs_take_json_values_and_combinations():
     assert longrope.long_factor == (1.0, 1.5, 2.0)
     with pytest.raises(ValueError, match=r"'yarn' and 'pi' are both 'frequency' methods"):  # one per hook kind
         parse_method_spec("yarn:factor=4+pi:factor=2")
-    with pytest.raises(ValueError, match=r"factor must be a finite number > 0, got 'abc'"):  # not JSON: a string
+    with pytest.raises(ValueError, match=r"factor must be >= 1 and <= 1e6 \(.*\), got 'abc'"):  # not JSON: a string
         parse_method_spec("yarn:factor=abc")
     longrope = "longrope:factor=2:long_factor=[1,1.5]:short_factor=[1,1]"
     methods = parse_methods(f"none, {longrope},ntk:factor=2")
@@ -635,7 +636,8 @@ def test_cli_site_options_reach_patch(tmp_path, tiny_checkpoint, capsys):
 def test_plot_of_a_malformed_results_file_names_it(tmp_path, capsys):
     (tmp_path / "ppl.json").write_text("{}")
     assert main(["plot", str(tmp_path)]) == 2
-    assert "ppl.json or passkey.json is not a results file rope-ext wrote (KeyError" in capsys.readouterr().err
+    assert f"{tmp_path / 'ppl.json'} holds an empty JSON object, not one evaluation's results: rope-ext plot draws a " \
+           "folder rope-ext eval wrote (its ppl.json holds 'run' and 'summary')\n" in capsys.readouterr().err
     (tmp_path / "ppl.json").write_text("not json")
     assert main(["plot", str(tmp_path)]) == 2
     assert "is not a results file rope-ext wrote (JSONDecodeError" in capsys.readouterr().err

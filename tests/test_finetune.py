@@ -17,7 +17,8 @@ import rope_ext
 from rope_ext.cli import main
 from rope_ext.train.config import FinetuneConfig, read_yaml
 from rope_ext.train.data import Collator, WindowDataset, training_windows
-from rope_ext.train.finetune import finetune, load_finetune_base
+from rope_ext.runs.models import load_finetune_base
+from rope_ext.train.finetune import finetune
 from tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +93,7 @@ def test_loss_decreases_and_the_folder_loads_with_plain_peft(checkpoint, tmp_pat
     names = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "finetune.json", "finetune_config.json",
             "loss.json", "loss.csv", "loss.png", "tokenizer.json"} <= names
-    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["checkpoint_0"]  # (the last step's)
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["checkpoint_12"]  # (the last step's)
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["rope_ext"]["methods"][0]["method"] == "yarn"
     assert saved["rope_parameters"]["rope_type"] == "yarn"  # native where transformers has the method
@@ -106,7 +107,7 @@ def test_loss_decreases_and_the_folder_loads_with_plain_peft(checkpoint, tmp_pat
     trained = run.model.eval()
     with torch.no_grad():
         expected = trained(input_ids=ids).logits
-        base = rope_ext.from_pretrained(tmp_path / "run")
+        base = load_finetune_base(tmp_path / "run")
         assert isinstance(rope_ext.get_patch(base), rope_ext.methods.YarnConfig)
         reloaded = PeftModel.from_pretrained(base, str(tmp_path / "run")).eval()
         torch.testing.assert_close(reloaded(input_ids=ids).logits, expected, rtol=0, atol=1e-6)
@@ -124,7 +125,7 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(checkpoint,
     with pytest.raises(KeyboardInterrupt):
         finetune(_config(checkpoint, tmp_path / "cut", **options), on_step=kill_after_five)
     assert (tmp_path / "cut" / "checkpoints").is_dir() and not (tmp_path / "cut" / "adapter_model.safetensors").exists()
-    (tmp_path / "cut" / "checkpoints" / "checkpoint_2").mkdir()  # killed while writing the next checkpoint
+    (tmp_path / "cut" / "checkpoints" / "checkpoint_6").mkdir()  # killed while writing the next checkpoint
     finetune(_config(checkpoint, tmp_path / "cut", **options))  # the same command again
     whole = load_file(tmp_path / "whole" / "adapter_model.safetensors")
     resumed = load_file(tmp_path / "cut" / "adapter_model.safetensors")
@@ -159,7 +160,7 @@ def test_merge_equals_the_adapter_applied_model_and_saves_native_rope_parameters
     assert main(["merge", str(tmp_path / "run"), str(tmp_path / "merged")]) == 0
     ids = _ids()
     with torch.no_grad():
-        adapter = PeftModel.from_pretrained(rope_ext.from_pretrained(tmp_path / "run"), str(tmp_path / "run")).eval()
+        adapter = PeftModel.from_pretrained(load_finetune_base(tmp_path / "run"), str(tmp_path / "run")).eval()
         merged = rope_ext.from_pretrained(tmp_path / "merged").eval()
         assert [c.method for c in rope_ext.get_patch(merged)] == ["yarn", "dca"]
         torch.testing.assert_close(merged(input_ids=ids).logits, adapter(input_ids=ids).logits, rtol=0, atol=2e-5)
@@ -497,7 +498,7 @@ def test_a_patchs_own_parameters_train_with_lora_and_merge(checkpoint, tmp_path)
     assert "rope_ext" in adapter["modules_to_save"]
     assert adapter["base_model_name_or_path"] == str(checkpoint[0].resolve())  # (absolute: peft resolves it anywhere)
     fresh = rope_ext.patch(tiny_model("llama"), "fire").rope_ext.state_dict()
-    trained = rope_ext.core._anchor(run.model).rope_ext.modules_to_save["default"].state_dict()
+    trained = rope_ext.core.anchor_of(run.model).rope_ext.modules_to_save["default"].state_dict()
     assert trained.keys() == fresh.keys()
     assert max((trained[k] - fresh[k]).abs().max() for k in fresh) > 1e-4
     assert main(["merge", str(tmp_path / "run"), str(tmp_path / "merged")]) == 0

@@ -19,7 +19,7 @@ import torch
 from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_model
 
 import rope_ext
-from rope_ext.attention import rules
+from rope_ext.attention import blocks, rules
 from rope_ext.attention.program import kernel_override
 from rope_ext.attention.reference import reference_attention
 from rope_ext.methods.frequency import yarn_mscale
@@ -588,7 +588,7 @@ class _Seen:
         self.counts: dict[str, int] = {}
         for cls, runner in list(rules.FAST_RUNNERS.items()):
             monkeypatch.setitem(rules.FAST_RUNNERS, cls, self._counting(runner.__name__, runner))
-        monkeypatch.setattr(rules, "_masked_blocks", self._counting("general", rules._masked_blocks))
+        monkeypatch.setattr(blocks, "masked_blocks", self._counting("general", blocks.masked_blocks))
 
     def _counting(self, name, fn):
         def counted(*args, **kwargs):

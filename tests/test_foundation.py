@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import rope_ext
-import rope_ext.core as core
+import rope_ext.guards as guards
 from rope_ext.installers import HookInstaller, PlanBuilder, Site, Sites, register_hook, unregister_hook
 from rope_ext.methods import (
     MethodConfig,
@@ -130,8 +130,8 @@ def test_models_sharing_a_config_object_are_refused():
 
 def test_shared_config_scan_runs_only_when_references_are_unexplained(monkeypatch):
     scans = []
-    original = core._foreign_modules
-    monkeypatch.setattr(core, "_foreign_modules", lambda *args: scans.append(1) or original(*args))
+    original = guards.foreign_modules
+    monkeypatch.setattr(guards, "foreign_modules", lambda *args: scans.append(1) or original(*args))
     for family in ("llama", "gemma3", "phi3"):
         rope_ext.patch(tiny_model(family), "yarn", factor=2.0)
     assert scans == []  # the reference count is fully accounted for: no scan of every object
@@ -468,7 +468,7 @@ def test_a_failing_method_in_a_combination_leaves_the_model_untouched(toy_rotary
 
 
 def test_cli_specs_combine_methods_of_different_kinds(toy_rotary_kind):
-    from rope_ext.cli import parse_methods
+    from rope_ext.runs.specs import parse_methods
 
     spec = "yarn:factor=4+toy_temperature:temperature=3"
     methods = parse_methods(f"none,{spec}")
@@ -513,14 +513,19 @@ def test_casting_before_or_after_patching_gives_the_same_model(method):
     assert torch.equal(logits(cast_first, ids), logits(patch_first, ids))
 
 
+FACTOR_RANGE = r"factor must be >= 1 and <= 1e6"
+OVERFLOW = r"these options give non-finite or zero rotary frequencies"
+
+
 @pytest.mark.parametrize(
-    ("method", "options"),
-    [("pi", {"factor": 2**70}), ("yarn", {"factor": 1e308}), ("dynamic_ntk", {"factor": 1e308}),
-     ("dynamic_ntk", {"factor": 2**70}), ("yarn", {"factor": 2.0, "attention_factor": 1e200})],
+    ("method", "options", "message"),
+    [("pi", {"factor": 2**70}, FACTOR_RANGE), ("yarn", {"factor": 1e308}, FACTOR_RANGE),
+     ("dynamic_ntk", {"factor": 1e308}, FACTOR_RANGE), ("dynamic_ntk", {"factor": 2**70}, FACTOR_RANGE),
+     ("yarn", {"factor": 2.0, "attention_factor": 1e200}, OVERFLOW)],
 )
-def test_values_that_overflow_are_refused(method, options):
+def test_values_that_overflow_are_refused(method, options, message):
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match=rf"{method}: these options give non-finite or zero rotary frequencies"):
+    with pytest.raises(ValueError, match=rf"{method}: {message}"):
         rope_ext.patch(model, method, **options)
     assert rope_ext.get_patch(model) is None
 

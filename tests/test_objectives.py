@@ -32,7 +32,7 @@ from rope_ext.eval.objectives import (
     with_objective_tokens,
 )
 from rope_ext.eval.perplexity import evaluate_document
-from rope_ext.models import load_default_tokenizer
+from rope_ext.runs.models import load_default_tokenizer
 from rope_ext.train.data import ObjectiveCollator
 
 
@@ -275,7 +275,7 @@ def test_a_masked_lm_with_an_absolute_table_is_refused_past_it(tmp_path, capsys)
 
 
 def test_the_cli_protocol_choices_are_the_evaluations():
-    from rope_ext.cli import _FIXED_TARGETS, _PROTOCOLS
+    from rope_ext.eval.plan import FIXED_TARGETS as _FIXED_TARGETS, PROTOCOLS as _PROTOCOLS
     from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
     from rope_ext.eval.perplexity import PROTOCOLS
 
@@ -302,7 +302,7 @@ def test_a_protocol_the_model_does_not_have_is_refused(model, evaluation, protoc
     from test_xlnet import tiny_xlnet
     from tiny import tiny_model
 
-    from rope_ext.cli import _check_protocol
+    from rope_ext.eval.plan import check_protocol as _check_protocol
 
     built = {"t5": tiny_t5, "deberta": tiny_deberta, "llama": lambda: tiny_model("llama"), "xlnet": tiny_xlnet}[model]()
     args = argparse.Namespace(model="m", evaluation=evaluation, protocol=protocol)

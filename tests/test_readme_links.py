@@ -3,6 +3,7 @@ fresh clone shows it. A page's links are relative to the page's own folder, as G
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import subprocess
@@ -47,7 +48,16 @@ def test_page_links_resolve_from_the_page_folder(tmp_path):
 
 
 def test_the_docs_pages_are_checked():
-    assert PAGES[0] == "README.md" and all(page.startswith("docs/") for page in PAGES[1:])
+    """The pages checked are the README and every ``docs/*.md`` on disk (listed here by ``os.scandir``, apart from
+    the glob that built ``PAGES``), and each page with a local link has its links among the parametrized cases."""
+    on_disk = sorted(f"docs/{entry.name}" for entry in os.scandir(ROOT / "docs")
+                     if entry.is_file() and entry.name.endswith(".md"))
+    assert "docs/testing.md" in on_disk and (ROOT / "README.md").is_file()
+    assert PAGES == ["README.md", *on_disk], f"pages checked {PAGES}; on disk: README.md and {on_disk}"
+    (cases,) = [mark.args[1] for mark in test_readme_link_is_tracked_by_git.pytestmark if mark.name == "parametrize"]
+    checked = {page for page, _, _ in cases}
+    for page in ["README.md", *on_disk]:
+        assert page in checked or not page_links(page), f"{page} has local links that no case checks"
 
 
 def _in_git_checkout() -> bool:

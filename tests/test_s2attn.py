@@ -333,11 +333,12 @@ def test_bad_shift():
 @pytest.mark.parametrize(
     ("methods", "message"),
     [
-        ("s2_attn+dca", r"cannot be combined with 'attention' methods \(dca, leaky_rerope, rerope, self_extend, "
-                        r"string\): .*positions.*combines with the frequency methods \(.*yarn\) or runs alone"),
-        ("yarn:factor=4+s2_attn+logn", r"cannot be combined with 'query_scale' methods \(logn\):"),
-        ("s2_attn+self_extend+logn", r"with 'attention' methods \(.*\) or 'query_scale' methods \(logn\):"),
-        ("dynamic_ntk:factor=2:cache_consistent=true+s2_attn", r"inside attention \(cache_consistent=true\)"),
+        ("s2_attn+dca", r"s2_attn cannot be combined with dca \('attention' methods: dca, leaky_rerope, rerope, "
+                        r"self_extend, string\): .*positions.*combines with 'frequency' methods \(.*yarn\)$"),
+        ("yarn:factor=4+s2_attn+logn", r"s2_attn cannot be combined with logn \('query_scale' methods: logn\):"),
+        ("s2_attn+self_extend+logn", r"s2_attn cannot be combined with self_extend \('attention' methods: .*\):"),
+        ("dynamic_ntk:factor=2:cache_consistent=true+s2_attn", r"s2_attn cannot be combined with dynamic_ntk \(it rotates "
+                                                               r"queries and keys inside attention\): .*cache_consistent=false"),
     ],
 )
 def test_refused_combinations(methods, message):

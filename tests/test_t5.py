@@ -240,11 +240,12 @@ def test_a_grown_table_trains_saves_and_reloads(tmp_path):
          r"method 'yarn' needs a 'frequency' hook, which family 't5' does not support; methods for t5: "
          r"alibi, kerple, sandwich, t5_bucket_extend, t5_bucket_scale$"),
         ("dca", r"family 't5' does not support; methods for t5: alibi, kerple, sandwich, t5_bucket_extend"),
-        ("fire", r"fire: t5's attention adds one bias of the distance j - i to every query .* and fire's depends on "
-                 r"the query's position too; bias methods for t5: alibi, kerple, sandwich$"),
-        ("alibi+t5_bucket_scale:factor=2", r"alibi replaces the model's position encoding, so it cannot be combined "
-                                           r"with 'bucket' methods \(t5_bucket_extend, t5_bucket_scale\).*combines with "
-                                           r"nothing there"),
+        ("fire", r"method 'fire' does not fit t5: its attention adds one bias of the distance j - i to every query .* "
+                 r"and fire's depends on the query's position too; methods for t5: alibi, kerple, sandwich, "
+                 r"t5_bucket_extend, t5_bucket_scale$"),
+        ("alibi+t5_bucket_scale:factor=2", r"alibi cannot be combined with t5_bucket_scale \('bucket' methods: "
+                                           r"t5_bucket_extend, t5_bucket_scale\): alibi replaces the model's position "
+                                           r"encoding.*combines with nothing on this model$"),
         ("t5_bucket_scale:factor=0.5", r"t5_bucket_scale: factor must be >= 1"),
         ("t5_bucket_extend:num_buckets=64",
          r"t5_bucket_extend: unknown option\(s\) num_buckets; valid options: factor$"),
@@ -340,13 +341,16 @@ def test_a_reloaded_table_unpatches_without_discarding_and_a_failed_exit_keeps_t
     assert any("could not unpatch on the way out; the model is still patched" in n for n in raised.value.__notes__)
 
 
-def test_a_factor_beyond_int64_runs_as_a_float():
+def test_a_factor_beyond_int64_is_refused_and_the_largest_runs_as_a_float():
     model = tiny_t5()
     encoder_ids, decoder_ids = ids(100), ids(10, seed=2)
-    with rope_ext.patched(model, "t5_bucket_scale", factor=2**70):  # every distance in bucket 0
-        huge = forward(model, encoder_ids, decoder_ids)
+    with pytest.raises(ValueError, match=r"t5_bucket_scale: factor must be >= 1 and <= 1e6 .*got 1180591620717411303424$"):
+        rope_ext.patch(model, "t5_bucket_scale", factor=2**70)
+    assert rope_ext.get_patch(model) is None
+    with rope_ext.patched(model, "t5_bucket_scale", factor=10**6):  # (an int) every distance in bucket 0
+        largest = forward(model, encoder_ids, decoder_ids)
     with rope_ext.patched(model, "t5_bucket_scale", factor=1e6):
-        assert torch.equal(forward(model, encoder_ids, decoder_ids), huge)
+        assert torch.equal(forward(model, encoder_ids, decoder_ids), largest)
 
 
 # --- the bias block by block (rope_ext.attention.relative) -------------------------------------------------

@@ -34,6 +34,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from rope_ext.attention.key_cache import NOWHERE, CacheLink, Keep, version
+from rope_ext.methods.biases import KeyOnlyBias
 
 
 class Term:
@@ -90,7 +91,11 @@ class QueryScale(Term):
 
 
 class Bias(Term):
-    """An additive attention bias computed from positions, block by block."""
+    """An additive attention bias computed from positions, block by block.
+
+    A bias with a key-only form declares it: its class subclasses ``KeyOnlyBias`` as well (``rope_ext.methods.biases``:
+    ``key_bias(c, k_pos) -> [heads, 1, m]``), and the kernels add that one row for every query of a block. A term
+    whose form depends on what it holds (a bias method's module) says so through ``has_key_bias``."""
 
     name = "bias"
 
@@ -99,15 +104,10 @@ class Bias(Term):
         scaled scores."""
         raise NotImplementedError
 
-    #: whether ``key_bias`` gives the bias's key-only form
-    has_key_bias: bool = False
-
-    def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """With ``has_key_bias``: ``f(j) -> [heads, 1, m]`` with ``bias(i, j) = f(j) + g(i)`` for every causal pair
-        ``j <= i``, taken relative to the position ``c`` (a query block's first, keeping the values small). A
-        per-query ``g(i)`` does not change the softmax, so kernels may add ``f`` alone, one row for every query (ALiBi:
-        ``-m (i - j) = m (j - c) - m (i - c)``)."""
-        raise NotImplementedError(f"{self.name} has no key-only form")
+    @property
+    def has_key_bias(self) -> bool:
+        """Whether this bias gives its key-only form (``key_bias``): declared by subclassing ``KeyOnlyBias``."""
+        return isinstance(self, KeyOnlyBias)
 
 
 class MethodTerm(Term):

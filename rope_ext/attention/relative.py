@@ -20,9 +20,9 @@ writes its bias out block by block.
 
 What is linear is inference on the CPU. Elsewhere the same calls run, but: CUDA's memory-efficient op takes each
 block's bias written out (``[heads, 1024, keys]``, in the call's dtype); training records the calls and its
-backward writes out each view's gradient (``kernels._call_backward``: ``[heads, t, keys]`` per call, all of them
-held until autograd reduces them onto the table, so ``heads x n x m`` per layer, as transformers' own bias gradient
-is), and dropout runs the matmul path, which keeps every tile's scores for autograd.
+backward writes out each view's gradient (``rope_ext.attention.recorder``: ``[heads, t, keys]`` per call, all of
+them held until autograd reduces them onto the table, so ``heads x n x m`` per layer, as transformers' own bias
+gradient is), and dropout runs the matmul path, which keeps every tile's scores for autograd.
 
 Pure torch: nothing here imports transformers.
 """
@@ -36,8 +36,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rope_ext.attention import kernels
+from rope_ext.attention.dispatch import accumulation_dtype, flushed_denormals
+from rope_ext.attention.merge import Accumulator
 from rope_ext.attention.program import Call, Kernel, Term, register_kernel
+from rope_ext.attention.recorder import Recorder
 
 #: queries per call over the keys every one of them sees (the CPU flash op works in 256-query splits from 768 on)
 RELATIVE_BLOCK = 1024
@@ -120,7 +122,7 @@ def run_relative(call: Call) -> torch.Tensor:
         raise ValueError(f"the relative bias is for {bias.query_length} queries over {bias.key_length} keys; the call "
                          f"has {n} over {m}")
     q_pos = torch.arange(bias.past, bias.past + n, device=q.device)
-    with kernels.flushed_denormals(q.device):
+    with flushed_denormals(q.device):
         if call.rows is None:
             return _attend(call, q, k, v, bias, q_pos, 0, m, None, term.causal)
         rows = []
@@ -156,10 +158,10 @@ def _accumulator(call: Call, q, k, v, values: torch.Tensor):
     """Dropout in training (weights dropped as autograd runs them), the recorded calls of a training step (one
     backward: queries, keys, values or the bias table needing gradients), or the merging accumulator."""
     if call.dropout:
-        return kernels.Accumulator(q, v.shape[-1], call.dropout)
+        return Accumulator(q, v.shape[-1], call.dropout)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, values)):
-        return kernels.Recorder(q, v.shape[-1])
-    return kernels.Accumulator(q, v.shape[-1])
+        return Recorder(q, v.shape[-1])
+    return Accumulator(q, v.shape[-1])
 
 
 def _attend(call: Call, q, k, v, bias: RelativeBias, q_pos, first: int, last: int, kept, causal: bool) -> torch.Tensor:
@@ -175,7 +177,7 @@ def _attend(call: Call, q, k, v, bias: RelativeBias, q_pos, first: int, last: in
         rel_max = last - 1 - q0  # the largest distance: the last key from the first query
         # [h, n + keys - 1], in the scores' dtype (a bf16 view converted per call would be written out block-sized)
         u = bias.values(rel_max - torch.arange(n + keys - 1, device=q.device))
-        u = u.to(kernels.accumulation_dtype(q.dtype)).contiguous()
+        u = u.to(accumulation_dtype(q.dtype)).contiguous()
         acc = _accumulator(call, q, k, v, u)
         _toeplitz_blocks(acc, q, k, v, call.scale, u, q0, first, causal)
     return acc.out.to(q.dtype)

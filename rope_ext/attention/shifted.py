@@ -6,7 +6,7 @@ on ``[b * G, h, g, d]`` is causal attention within each group. The shifted heads
 ``-s`` (``s = g // 2``) first and rolled back after, as LongLoRA's code does; their first ``s`` tokens, which the
 roll puts in a group after the last tokens, are then recomputed alone (a second, ``s``-token call), so that no token
 sees a later one (the groups of LongLoRA's flash-attention path: ``[0, s), [s, s + g), ..., [n - g + s, n)``).
-Formula and options: ``rope_ext.methods.attention.S2AttnConfig``.
+Formula and options: ``rope_ext.methods.wrappers.S2AttnConfig``.
 
 Keys and values stay grouped-query where the split of the heads falls between key heads (``h//2`` a multiple of
 ``h / h_kv``), else they are repeated to the query heads first, as LongLoRA's ``repeat_kv`` does. Outside training
@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from rope_ext.attention.program import Bias, Call, PositionRule, QueryScale, Wrapper
-from rope_ext.methods.attention import s2_group_size
+from rope_ext.methods.wrappers import s2_group_size
 
 
 def _grouped(x: torch.Tensor, g: int) -> torch.Tensor:

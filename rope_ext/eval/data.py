@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -145,7 +146,10 @@ def tokenize_documents(
     encoded = encoded.filter(lambda row: row["num_tokens"] >= min_tokens)
     if len(encoded) == 0:
         raise ValueError(f"no document has at least {min_tokens} tokens; lower --min-tokens or give longer texts")
-    encoded = encoded.sort("num_tokens", reverse=True)
+    with warnings.catch_warnings():  # (datasets passes pyarrow >= 25 an option it deprecates; nothing to act on here)
+        warnings.filterwarnings("ignore", message="Specifying null_placement in SortOptions is deprecated",
+                                category=FutureWarning)
+        encoded = encoded.sort("num_tokens", reverse=True)
     if max_documents is not None:
         encoded = encoded.select(range(min(max_documents, len(encoded))))
     return [Document(row["title"], torch.tensor([row["input_ids"]])) for row in encoded]

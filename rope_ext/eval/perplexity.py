@@ -22,7 +22,6 @@ are never averaged into one table (``summarize`` raises).
 from __future__ import annotations
 
 import math
-import re
 import resource
 import sys
 import time
@@ -43,32 +42,9 @@ from rope_ext.eval.objectives import (
     model_protocols,
     objective_nll,
 )
+from rope_ext.runs.values import MAX_LENGTH, parse_length, parse_lengths  # noqa: F401  (the lengths of runs)
 
 PROTOCOLS = (*CAUSAL_PROTOCOLS, *OBJECTIVE_PROTOCOLS)
-#: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
-MAX_LENGTH = 1 << 24
-
-
-def parse_length(text: str) -> int:
-    """``"16k"`` -> 16384, ``"1500"`` -> 1500."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
-    if not match:
-        raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096 or 4k")
-    value = int(match[1]) * (1024 if match[2] else 1)
-    if value < 2:
-        raise ValueError(f"length must be at least 2 tokens, got {text!r}")
-    if value > MAX_LENGTH:
-        raise ValueError(f"length {text!r} is over {MAX_LENGTH} tokens ({MAX_LENGTH // 1024}k), the most a run takes")
-    return value
-
-
-def parse_lengths(text: str) -> list[int]:
-    lengths = sorted({parse_length(part) for part in text.split(",") if part.strip()})
-    if not lengths:
-        raise ValueError("give at least one length")
-    return lengths
-
-
 def peak_memory_mb() -> float:
     """Peak memory so far: CUDA's allocator peak when on GPU, else this process's peak RSS."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -6,6 +6,7 @@ global backend, so plotting from a notebook leaves its backend and figures alone
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation
 
-from rope_ext.eval.results import load_results
+from rope_ext.runs.results import load_results
 
 
 #: heatmaps per row of the passkey figure
@@ -225,7 +226,34 @@ def plot_passkey(out: str | Path) -> Path | None:
     return path
 
 
+def check_results_file(path: Path) -> None:
+    """Refuse, in one line, a ``ppl.json`` / ``passkey.json`` that is not one evaluation's results (``run`` and
+    ``summary``, as ``rope-ext eval`` writes them; e.g. a table collected from several runs): what it holds, what plot
+    expects, and the results folders inside its folder."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # (``plot_run`` names a file that does not parse)
+    if isinstance(data, dict) and isinstance(data.get("run"), dict) and isinstance(data.get("summary"), list):
+        return
+    if isinstance(data, dict):
+        holds = f"a JSON object of {', '.join(repr(key) for key in list(data)[:4])}" if data else "an empty JSON object"
+    else:
+        holds = f"a JSON {type(data).__name__}"
+    found = sorted({p.parent for pattern in ("*/ppl.json", "*/*/ppl.json", "*/passkey.json", "*/*/passkey.json")
+                    for p in path.parent.glob(pattern)})
+    inside = f"; results folders inside it: {', '.join(map(str, found[:3]))}{', ...' if len(found) > 3 else ''}" \
+        if found else ""
+    raise ValueError(
+        f"{path} holds {holds}, not one evaluation's results: rope-ext plot draws a folder rope-ext eval wrote (its "
+        f"{path.name} holds 'run' and 'summary'){inside}"
+    )
+
+
 def plot_run(out: str | Path) -> list[Path]:
+    for name in ("ppl.json", "passkey.json"):
+        if (Path(out) / name).is_file():
+            check_results_file(Path(out) / name)
     try:
         paths = [p for p in (plot_perplexity(out), plot_passkey(out)) if p is not None]
     except (KeyError, TypeError, ValueError, AttributeError) as error:  # json.JSONDecodeError is a ValueError

@@ -12,71 +12,16 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
-from rope_ext.core import patched
 from rope_ext.eval.data import Document
 from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
 from rope_ext.eval.passkey import PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
 from rope_ext.eval.perplexity import PerplexityRecord, evaluate_document, record_key, summarize, target_spans
-from rope_ext.eval.results import ResultStore
+from rope_ext.families.limits import position_limit
 from rope_ext.methods import MethodConfig
+from rope_ext.runs.results import ResultStore
+from rope_ext.runs.saved import with_method
 
 Methods = dict[str, list[MethodConfig]]  # spec as given -> its configs
-
-
-class SavedPatch(list):
-    """The method spec ``saved``: the patch a model was saved with (``keep_saved_patch`` fills in its configs), with
-    its parameters as saved (a bias trained with the model). Every other spec starts from the unpatched model."""
-
-    SPEC = "saved"
-
-
-#: where ``keep_saved_patch`` keeps the saved patch's parameters on the model
-_SAVED_STATE = "_rope_ext_saved_state"
-
-
-def keep_saved_patch(model: nn.Module, methods: dict[str, list[MethodConfig]] | None = None) -> list[MethodConfig]:
-    """Unpatch a model loaded patched (``rope_ext.from_pretrained`` of a folder saved while patched), keeping its
-    configs and parameters for the spec ``saved`` (filled into ``methods``' ``SavedPatch`` entries); returns the
-    configs (empty: the model was not patched). ``saved`` asked of a model saved without a patch is refused."""
-    from rope_ext.core import get_patch, unpatch
-    from rope_ext.installers.params import container_of
-
-    found = get_patch(model)
-    asked = [configs for configs in (methods or {}).values() if isinstance(configs, SavedPatch)]
-    if found is None:
-        if asked:
-            raise ValueError(
-                f"method {SavedPatch.SPEC!r} evaluates the patch a model was saved with; this model was saved without "
-                "one (give the methods to apply instead)"
-            )
-        return []
-    configs = list(found) if isinstance(found, tuple) else [found]
-    container = container_of(model)
-    state = {} if container is None else {k: v.detach().clone() for k, v in container.state_dict().items()}
-    unpatch(model, discard_trained=True)
-    vars(model)[_SAVED_STATE] = state
-    for entry in asked:
-        entry[:] = configs
-    return configs
-
-
-def _with_method(
-    model: nn.Module, configs: list[MethodConfig], work: Callable[[], Any], site_options: dict[str, Any] | None = None
-) -> Any:
-    if not configs:
-        return work()
-    if not isinstance(configs, SavedPatch) or not vars(model).get(_SAVED_STATE):
-        with patched(model, list(configs), **(site_options or {})):
-            return work()
-    from rope_ext.core import patch, unpatch
-    from rope_ext.installers.params import container_of
-
-    patch(model, list(configs), **(site_options or {}))
-    try:
-        container_of(model).load_state_dict(vars(model)[_SAVED_STATE])
-        return work()
-    finally:
-        unpatch(model, discard_trained=True)
 
 
 def check_methods(
@@ -84,11 +29,9 @@ def check_methods(
 ) -> None:
     """Patch and unpatch once with every method, so one the model cannot take fails before any work; with
     ``longest``, also refuse a method that leaves the model's positions short of it (a learned table)."""
-    from rope_ext.installers.absolute import position_limit
-
     for spec, configs in methods.items():
         try:
-            limit = _with_method(model, configs, lambda: position_limit(model), site_options)
+            limit = with_method(model, configs, lambda: position_limit(model), site_options)
         except (ValueError, TypeError, RuntimeError) as error:
             raise ValueError(f"method {spec!r} cannot patch this model: {error}") from None
         if longest is not None and limit is not None and longest > limit:
@@ -253,7 +196,7 @@ def run_perplexity(
                 bar.update(1)
 
         bar.update(sum(1 for length in todo_lengths[document.title] if skip(length)))
-        _with_method(model, configs, evaluate, site_options)
+        with_method(model, configs, evaluate, site_options)
     bar.close()
     # the tables cover every record of the folder (all of one run configuration: earlier runs' methods and
     # lengths too); the summary returned is this run's
@@ -297,7 +240,7 @@ def run_passkey(
                 store.append(record.to_dict())
                 bar.update(1)
 
-        _with_method(model, configs, evaluate, site_options)
+        with_method(model, configs, evaluate, site_options)
     bar.close()
     kept = store.records()  # (the tables cover every record of the folder, as for perplexity)
     store.write_tables(kept, summarize_passkey(_records_as(PasskeyRecord, store, kept)))

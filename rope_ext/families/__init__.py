@@ -14,13 +14,23 @@ from rope_ext.families.base import (
     register_family,
     unregister_family,
 )
+from rope_ext.families.listing import TABLE_END, TABLE_START, listing, support_table, supports, with_support_table
+from rope_ext.families.support import Refusals, Support
 
 __all__ = [
     "CONFIG_KEY",
+    "TABLE_END",
+    "TABLE_START",
     "FamilyAdapter",
+    "Refusals",
+    "Support",
     "find_family",
     "get_family",
     "list_families",
+    "listing",
     "register_family",
+    "support_table",
+    "supports",
     "unregister_family",
+    "with_support_table",
 ]

@@ -4,7 +4,9 @@ Family knowledge lives here, not in the installers: which modules are attention 
 attention is limited to (Gemma 3's sliding layers, EXAONE 4's full layers that keep the config's window), the
 layers that apply no rotary embedding (SmolLM3's ``use_rope``, EXAONE 4's hybrid NoPE layers), softcapping
 that rope_ext's attention does not implement, and whether a family's attention runs the function transformers'
-``AttentionInterface`` holds (Falcon picks SDPA or eager itself).
+``AttentionInterface`` holds (Falcon picks SDPA or eager itself). The probes read a family's code or config class
+once (``dispatches_through_interface``, ``rotation_refused``, ``softcapping``): ``rope_ext.families.support`` turns
+them into what a family supports; ``attention_site`` applies them to one model.
 """
 
 from __future__ import annotations
@@ -74,13 +76,8 @@ def attention_site(family: str, model: nn.Module, config: Any) -> AttentionSite 
         return None
     layer_config = layers[0].module.config
     owner = next((m for m in model.modules() if isinstance(m, PreTrainedModel) and m.config is layer_config), model)
-    refused = None
     softcap = getattr(layer_config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        refused = (
-            f"this model caps attention logits (attn_logit_softcapping={softcap}), which rope_ext's attention does "
-            "not implement; methods that rewrite attention are refused for it"
-        )
+    refused = None if softcap is None else softcapping_refused(softcap)
     return AttentionSite(family, layers, owner, refused, rotation_refused(type(layers[0].module)))
 
 
@@ -117,7 +114,7 @@ def rotation_refused(cls: type) -> str | None:
             same = False
         if not same:
             return (
-                f"{cls.__name__} applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
+                "its attention applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
                 "rope_ext's attention-time rotation does not reproduce"
             )
     try:
@@ -127,7 +124,25 @@ def rotation_refused(cls: type) -> str | None:
     after = source.split("apply_rotary_pos_emb(", 1)[1] if "apply_rotary_pos_emb(" in source else ""
     if re.search(r"(query|key)_states\s*=\s*self\.\w+\((query|key)_states", after):
         return (
-            f"{cls.__name__} transforms queries and keys after rotating them (a norm after RoPE), so they cannot be "
+            "its attention transforms queries and keys after rotating them (a norm after RoPE), so they cannot be "
             "rotated at attention time instead"
         )
     return None
+
+
+def softcapping(config_class: type | None) -> float | None:
+    """The attention-logit softcapping a config class sets by default (Gemma 2's 50; a composite config's text
+    config's), ``None`` where it sets none: a class-level fact, as every checkpoint of Gemma 2 caps its logits."""
+    value = getattr(config_class, "attn_logit_softcapping", None)
+    text = (getattr(config_class, "sub_configs", None) or {}).get("text_config")
+    if value is None and isinstance(text, type):
+        value = getattr(text, "attn_logit_softcapping", None)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def softcapping_refused(value: float) -> str:
+    """Why no attention program runs where attention logits are capped at ``value``."""
+    return (
+        f"its attention caps logits (attn_logit_softcapping={value}), which rope_ext's attention does not implement; "
+        "methods that rewrite attention are refused for it"
+    )

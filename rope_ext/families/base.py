@@ -3,17 +3,30 @@
 An adapter recognises one Hugging Face architecture family and returns its ``Sites`` (the rotary module
 and its layer types, the config, later the attention modules, bias modules and absolute tables). The
 hook kinds a family supports follow from the site kinds it provides: a kind is supported when its
-installer (``rope_ext.installers``) needs only sites the family has. Adapters never edit a model.
+installer (``rope_ext.installers``) needs only sites the family has, unless the family's code refuses it
+(``refusals``); ``support`` says which, per model type (``rope_ext.families.support``). Adapters never edit a model.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 
-from rope_ext.installers.base import RopeExtModule, Sites, hook_kinds_for
+from rope_ext.families.attention import softcapping, softcapping_refused
+from rope_ext.families.support import (
+    Refusals,
+    Support,
+    config_class_of,
+    grouped,
+    merged,
+    model_type_of,
+    model_types_of,
+    support_for,
+)
+from rope_ext.installers.attention import AttentionSite
+from rope_ext.installers.base import RopeExtModule, Sites
 from rope_ext.registry import Registry
 
 #: The config attribute that records a patch, so ``save_pretrained`` carries it into ``config.json``.
@@ -31,17 +44,55 @@ class FamilyAdapter(ABC):
 
     @property
     def hooks(self) -> frozenset[str]:
-        """Hook kinds this family supports (those whose installer's sites it provides)."""
-        return hook_kinds_for(self.site_kinds)
+        """Hook kinds this family supports for every one of its model types (``support()``)."""
+        return self.support().kinds
 
     @property
     def methods(self) -> list[str]:
-        """The registered methods that run on this family (their hook kind supported, and fitting its sites)."""
-        from rope_ext.installers.base import get_hook
-        from rope_ext.methods import get_method_class, methods_with_hooks
+        """The registered methods that run on every one of this family's model types (``support()``)."""
+        return list(self.support().methods)
 
-        return [name for name in methods_with_hooks(self.hooks)
-                if get_hook(get_method_class(name).hook).fits(get_method_class(name), self.site_kinds)]
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        """The transformers model types this family covers: those whose modeling code is the package of its
+        ``module`` (or ``owner_module``); its name where it names none."""
+        if "_model_types" not in vars(self):
+            module = getattr(self, "module", None) or getattr(self, "owner_module", None)
+            vars(self)["_model_types"] = (model_types_of(module) if isinstance(module, str) else ()) or (self.name,)
+        return vars(self)["_model_types"]
+
+    def refusals(self, model_type: str) -> Refusals:
+        """What this family's code refuses for models of ``model_type``, whatever the checkpoint (read once per
+        model type: ``support`` caches it). Here: softcapping that the model type's config class sets, on a family
+        with attention sites; a family with probes of its own extends it."""
+        if AttentionSite.kind not in self.site_kinds:
+            return Refusals()
+        cap = softcapping(config_class_of(model_type))
+        return Refusals() if cap is None else Refusals({AttentionSite.kind: softcapping_refused(cap)})
+
+    def supports(self) -> list[Support]:
+        """This family's support, one entry per group of its model types that agree (one entry when all do)."""
+        return grouped(self.name, [self._support_of(model_type) for model_type in self.model_types])
+
+    def support(self, of: Any = None) -> Support:
+        """What this family supports: for ``of`` (a model, model class, config or model type; a model of another
+        type that holds this family's modules counts as the family's first), or, ``None``, for every model type
+        it covers. ``patch`` refuses what it refuses, with the reason and the methods that fit."""
+        if of is None:
+            return merged(self.name, [self._support_of(model_type) for model_type in self.model_types])
+        model_type = model_type_of(of)
+        if model_type not in self.model_types:
+            if isinstance(of, str):
+                known = ", ".join(self.model_types)
+                raise ValueError(f"{self.name}: unknown model type {of!r}; its model types: {known}")
+            model_type = self.model_types[0]
+        return next(s for s in self.supports() if model_type in s.model_types)
+
+    def _support_of(self, model_type: str) -> Support:
+        cache = vars(self).setdefault("_refusals", {})
+        if model_type not in cache:
+            cache[model_type] = self.refusals(model_type)
+        return support_for(self.name, self.site_kinds, cache[model_type], model_type)
 
     @abstractmethod
     def matches(self, model: nn.Module) -> bool:

@@ -30,9 +30,9 @@ class OPTPositionTable(PositionTable):
             position_ids = position_ids[:, past_key_values_length:]
         embedded = self.read(position_ids.clamp(min=0))
         padded = position_ids < 0
-        if padded.any() and not self.off:
-            rows = nn.functional.embedding(position_ids.clamp(min=-self.offset) + self.offset, self.weight)
-            embedded = torch.where(padded[..., None], rows, embedded)
+        if padded.any() and not self.off:  # (the leading rows alone: the others may lie past the table)
+            leading = position_ids.clamp(min=-self.offset, max=-1) + self.offset
+            embedded = torch.where(padded[..., None], nn.functional.embedding(leading, self.weight), embedded)
         return embedded
 
 

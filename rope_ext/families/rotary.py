@@ -26,8 +26,9 @@ from torch import nn
 from rope_ext.installers.attention import AttentionSite
 from rope_ext.installers.base import Sites
 from rope_ext.installers.rotary import RotarySite
-from rope_ext.families.attention import attention_site, dispatches_through_interface
+from rope_ext.families.attention import attention_site, dispatches_through_interface, rotation_refused
 from rope_ext.families.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
+from rope_ext.families.support import Refusals
 
 _PREFIX = "transformers.models."
 
@@ -50,14 +51,28 @@ class RotaryFamily(FamilyAdapter):
         self.native_rope_types = native_rope_types
 
     @functools.cached_property
+    def attention_classes(self) -> list[type]:
+        """The attention classes of the family's modeling module (importing it: on first use only)."""
+        modeling = importlib.import_module(self.module)
+        return [c for _, c in inspect.getmembers(modeling, inspect.isclass)
+                if c.__module__ == modeling.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)]
+
+    @functools.cached_property
     def site_kinds(self) -> frozenset[str]:  # type: ignore[override]
         """Rotary and attention sites; rotary alone where the family's attention never runs the registered
-        function (reading its attention classes imports the modeling module: on first use only)."""
-        modeling = importlib.import_module(self.module)
-        classes = [c for _, c in inspect.getmembers(modeling, inspect.isclass)
-                   if c.__module__ == modeling.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)]
+        function."""
+        classes = self.attention_classes
         attention = bool(classes) and all(dispatches_through_interface(c) for c in classes)
         return frozenset({RotarySite.kind, AttentionSite.kind}) if attention else frozenset({RotarySite.kind})
+
+    def refusals(self, model_type: str) -> Refusals:
+        """Softcapping (``FamilyAdapter.refusals``), and a rotation that cannot move into attention (read off the
+        attention classes: their pair layout, a transform after rotating)."""
+        found = super().refusals(model_type)
+        if AttentionSite.kind not in self.site_kinds:
+            return found
+        rotation = next(filter(None, map(rotation_refused, self.attention_classes)), None)
+        return Refusals(found.sites, rotation)
 
     def _is_rotary(self, module: nn.Module) -> bool:
         return derives_from(module, self.module, self.class_name)

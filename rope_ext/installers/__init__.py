@@ -18,7 +18,9 @@ from rope_ext.installers.attention import (  # (registers the attention function
     installed_programs,
     program_setup,
 )
-from rope_ext.installers.rotary import FrequencyInstaller, RopeExtRotaryEmbedding, RotarySite, rotate_in_attention
+from rope_ext.installers.rotary import RopeExtRotaryEmbedding, RotarySite
+from rope_ext.installers.rotation import rotate_in_attention
+from rope_ext.installers.frequency import FrequencyInstaller
 from rope_ext.installers.positions import PositionRuleInstaller, QueryScaleInstaller
 from rope_ext.installers.wrapper import WrapperInstaller
 from rope_ext.installers.absolute import AbsoluteInstaller, AbsoluteSite, PositionTable

@@ -73,26 +73,6 @@ class AbsoluteSite(Site):
         return builder.replacement(self, lambda: (self.parent, self.name, self.reader(self.table)))
 
 
-def position_limit(model: nn.Module) -> int | None:
-    """How many positions ``model`` (patched or not) can take: a learned table's rows, or what the absolute method
-    reading it reaches; ``None``: no limit (a model without a table, or whose table a bias switched off)."""
-    from rope_ext.families import find_family
-
-    try:
-        sites = find_family(model).locate(model)
-    except ValueError:
-        return None
-    limits = []
-    for site in sites.get(AbsoluteSite.kind):
-        table = getattr(site.parent, site.name)
-        if not isinstance(table, PositionTable) or table.method is None:
-            if not getattr(table, "off", False):  # (read as trained: its rows, past OPT's 2 leading ones)
-                limits.append(table.weight.shape[0] - getattr(table, "offset", 0))
-        elif (covered := table.method.covers(table.rows)) is not None:
-            limits.append(covered)
-    return min(limits) if limits else None
-
-
 class AbsoluteInstaller(HookInstaller):
     """Absolute-table methods: the table read through the method."""
 

@@ -38,7 +38,7 @@ from transformers.utils import logging
 from rope_ext.attention import rules  # noqa: F401  (registers the kernels; hooks.buckets imports the T5 one)
 from rope_ext.attention.key_cache import CacheLink
 from rope_ext.attention.memory import release_freed_memory
-from rope_ext.attention.program import AttentionProgram, Call
+from rope_ext.attention.program import AttentionProgram, Bias, Call
 from rope_ext.installers.base import PlanBuilder, Site
 
 logger = logging.get_logger(__name__)
@@ -169,6 +169,7 @@ def rope_ext_attention(
             "rope_ext.patch(model, ...) (or rope_ext.from_pretrained) rather than setting the implementation by hand"
         )
     link, program.pending = program.pending, None  # (taken first: a refused call keeps no reference to the cache)
+    dropped = dropped_keys(link, key.shape[2])
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             f"rope_ext attention takes a 2D padding mask (batch, keys); got a {attention_mask.dim()}D mask. "
@@ -182,7 +183,7 @@ def rope_ext_attention(
     # a sliding layer's plain attention depends on distances alone and a sliding cache keeps just its last keys:
     # its keys count from the first it kept
     relative = sliding_window is not None and all(t is rule for t in program.terms)
-    if relative and attention_mask is not None and attention_mask.shape[-1] > m:
+    if (relative or dropped) and attention_mask is not None and attention_mask.shape[-1] > m:
         attention_mask = attention_mask[:, -m:]
     if attention_mask is not None and attention_mask.shape[-1] != m:
         raise ValueError(
@@ -206,7 +207,8 @@ def rope_ext_attention(
         program, query, key, value, scaling if scaling is not None else query.shape[-1] ** -0.5, rows, positions,
         float(dropout or 0.0), sliding_window, link, module, kwargs.get("position_bias"),
     )
-    out = program.run(call).transpose(1, 2).contiguous()
+    out = (run_over_kept_keys(call, dropped) if dropped and not relative else program.run(call)).transpose(1, 2)
+    out = out.contiguous()
     release_freed_memory(n, m, query.device.type)
     return out, None
 
@@ -244,6 +246,8 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> N
     if program.rule is not None:
         _check_cache_written_by(program, layer, index)
         program.pending = cache_link(layer)
+    elif getattr(layer, "is_sliding", False) and program.of_type(Bias):  # (its length: where its kept keys start)
+        program.pending = CacheLink(layer, None)
 
 
 #: the attribute of a cache layer naming the patch whose position rule wrote its (unrotated) keys
@@ -272,3 +276,76 @@ def cache_link(layer: Any) -> CacheLink | None:
     link = CacheLink(layer, getattr(layer, "keys", None))
     link.drop_stale()
     return link
+
+
+# --- biases over the keys a sliding cache kept ---------------------------------------------------------------
+
+
+def dropped_keys(link: CacheLink | None, m: int) -> int:
+    """How many of the sequence's first keys the sliding cache layer of ``link`` no longer returns (``m`` keys
+    returned; 0: it returns them all, or the keys come from no sliding cache)."""
+    if link is None or not getattr(link.layer, "is_sliding", False):
+        return 0
+    return max(0, int(getattr(link.layer, "cumulative_length", m)) - m)
+
+
+@dataclass(eq=False)
+class ShiftedBias(Bias):
+    """``term``'s bias read at positions moved by ``offset``: a call that counts its keys from the first one a sliding
+    cache kept, whose own position is ``offset``."""
+
+    term: Bias
+    offset: int
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.term.name
+
+    @property
+    def has_key_bias(self) -> bool:  # type: ignore[override]
+        return self.term.has_key_bias
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.term.bias(q_pos + self.offset, k_pos + self.offset)
+
+    def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.term.key_bias(c + self.offset, k_pos + self.offset)
+
+
+def run_over_kept_keys(call: Call, dropped: int) -> torch.Tensor:
+    """``call``'s output ``[b, h, n, dv]`` where a sliding cache dropped the sequence's first ``dropped`` keys, so keys
+    no longer start at position 0. A row's kept keys are consecutive tokens (padding only precedes them) that end at
+    its last query: the call runs with positions counted from its first kept key, each bias read at positions moved
+    by that key's own position (``ShiftedBias``; one call where that is the same in every row or every bias depends on
+    the distance alone). Queries at other positions (jumps, offsets) are left to the program, which refuses them."""
+    b, n, m = call.q.shape[0], call.q.shape[2], call.k.shape[2]
+    ids = call.position_ids
+    if ids is None:  # (the keys' slots)
+        ids = torch.arange(dropped + m - n, dropped + m, device=call.q.device)[None]
+    ids = ids.expand(b, -1)
+    rows = call.rows
+    queries = torch.ones(b, n, dtype=torch.bool, device=ids.device) if rows is None else rows[:, m - n :]
+    counts = torch.full((b,), m, device=ids.device) if rows is None else rows.sum(-1)
+    first = ids[:, -1] - counts + 1  # [b]: each row's first kept key's own position
+    own = first[:, None] + counts[:, None] - n + torch.arange(n, device=ids.device)  # [b, n]: the queries' own
+    if not bool((first >= 0).all() & ((ids == own) | ~queries).all()):
+        return call.program.run(call)
+    call = call.replace(position_ids=None)
+    program = call.program
+    if all(getattr(term, "of_distance", False) for term in program.of_type(Bias)):
+        return program.run(call)
+    offsets = first.tolist()
+    if len(set(offsets)) == 1:
+        shifted = _shifted(program, offsets[0])
+        return shifted.run(call.replace(program=shifted))
+    outputs = []
+    for r, offset in enumerate(offsets):
+        shifted, one = _shifted(program, offset), slice(r, r + 1)
+        row = call.replace(program=shifted, q=call.q[one], k=call.k[one], v=call.v[one], rows=None if rows is None else rows[one])
+        outputs.append(shifted.run(row))
+    return torch.cat(outputs)  # [b, h, n, dv]
+
+
+def _shifted(program: AttentionProgram, offset: int) -> AttentionProgram:
+    terms = [ShiftedBias(term, offset) if isinstance(term, Bias) else term for term in program.terms]
+    return AttentionProgram(program.layer_type, program.sliding_window, terms, patch_id=program.patch_id)

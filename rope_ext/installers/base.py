@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from rope_ext.installers.combination import kind_traits, refuse_conflicts
 from rope_ext.methods import MethodConfig
 from rope_ext.registry import Registry
 
@@ -39,7 +40,7 @@ class _Missing:
 _MISSING = _Missing()
 
 
-def _own_attribute(obj: Any, name: str) -> Any:
+def instance_attribute(obj: Any, name: str) -> Any:
     """``obj``'s own value for ``name`` (a submodule or buffer counts), ignoring class-level defaults."""
     if isinstance(obj, nn.Module):
         for table in (obj._modules, obj._buffers, obj._parameters):
@@ -81,14 +82,14 @@ class AttrEdit:
     applied: Any = field(default=_MISSING, init=False, repr=False)
 
     def apply(self) -> None:
-        self.old = _own_attribute(self.obj, self.name)
+        self.old = instance_attribute(self.obj, self.name)
         setattr(self.obj, self.name, self.new)
         if isinstance(self.new, (dict, list, set)):
             self.applied = copy.deepcopy(self.new)
 
     def changed(self) -> str | None:
         """What was done to the attribute since the patch set it (``None``: nothing)."""
-        current = _own_attribute(self.obj, self.name)
+        current = instance_attribute(self.obj, self.name)
         if current is self.new and self.applied is not _MISSING and current != self.applied:
             return (
                 f"{type(self.obj).__name__}.{self.name} was edited in place since the patch set it "
@@ -143,7 +144,7 @@ class AttnImplementationEdit:
     old: list[tuple[Any, Any]] = field(default_factory=list, init=False)
 
     def apply(self) -> None:
-        self.old = [(config, _own_attribute(config, "_attn_implementation_internal")) for config in self._reachable()]
+        self.old = [(config, instance_attribute(config, "_attn_implementation_internal")) for config in self._reachable()]
         try:
             setter = getattr(self.model, "set_attn_implementation", None)
             if callable(setter):
@@ -168,7 +169,7 @@ class AttnImplementationEdit:
 
     def changed(self) -> str | None:
         for config in self.configs:
-            current = _own_attribute(config, "_attn_implementation_internal")
+            current = instance_attribute(config, "_attn_implementation_internal")
             if current != self.new:
                 return (
                     f"the attention implementation was changed to {current!r} after patching (rope_ext set "
@@ -304,6 +305,13 @@ class PlanBuilder:
             return
         self.plan.edits.append(AttnImplementationEdit(model, key, list(configs)))
 
+    def install(self, methods: Sequence[MethodConfig]) -> None:
+        """Have each method's installer add its edits, once the combination's rules hold (``refuse_conflicts``)."""
+        installers = [(method, get_hook(method.hook)) for method in methods]
+        refuse_conflicts(installers, [get_hook(kind) for kind in hook_kinds_for(frozenset(self.sites.by_kind))])
+        for method, installer in installers:
+            installer.plan(self, method)
+
     def replacement(self, site: Site, build: Callable[[], tuple[Any, str, Any]]) -> Any:
         """The replacement object of ``site``; ``build() -> (parent, attribute, object)`` runs on first use."""
         key = id(site)
@@ -323,6 +331,12 @@ class HookInstaller(ABC):
     site_kinds: ClassVar[frozenset[str]]
     #: other sets of site kinds it can work from instead (the bias kind: T5's bucket sites)
     alternative_site_kinds: ClassVar[tuple[frozenset[str], ...]] = ()
+    #: whether it moves the rotation of queries and keys into attention (``rotate_in_attention``), which a family
+    #: whose rotation cannot move there refuses (``rope_ext.families``' support)
+    rotates_in_attention: ClassVar[bool] = False
+    #: what its methods cannot be combined with: hook kinds, or traits (``ROTATES_IN_ATTENTION``), each with the
+    #: reason (``{method}`` and ``{other}`` name the pair); checked in one place (``PlanBuilder.install``)
+    conflicts: ClassVar[Mapping[str, str]] = {}
 
     @abstractmethod
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
@@ -332,6 +346,18 @@ class HookInstaller(ABC):
         """Whether a method of this kind can run on a family with these site kinds (listed as one of its methods);
         the default: every method of the kind."""
         return True
+
+    def refusal(self, method_class: type, site_kinds: frozenset[str]) -> str | None:
+        """Why a method of this kind cannot run on a family with these site kinds (``None``: it can), as a clause
+        that follows "does not fit <family>: "; the default asks ``fits``."""
+        if self.fits(method_class, site_kinds):
+            return None
+        return f"its sites ({', '.join(sorted(site_kinds))}) cannot take this {self.kind!r} method"
+
+    def traits(self, method: MethodConfig) -> frozenset[str]:
+        """What ``method`` is to the combination rules (``combination``): by default what every method of the kind is,
+        its hook kind and ``ROTATES_IN_ATTENTION`` where the installer rotates in attention."""
+        return kind_traits(self)
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
         """``method`` as installed in ``model`` (patched by it): its options left at ``None`` replaced by the

@@ -40,15 +40,15 @@ from rope_ext.methods import (
     HOOK_BUCKET,
     HOOK_FREQUENCY,
     HOOK_PAIR_SCALE,
-    HOOK_QUERY_SCALE,
     BiasConfig,
+    KeyOnlyBias,
     MethodConfig,
     get_method_class,
     methods_with_hooks,
 )
 
-#: the hook kinds that bring a position encoding of their own (a bias replaces the model's)
-OTHER_ENCODINGS = (HOOK_FREQUENCY, HOOK_ATTENTION, HOOK_ABSOLUTE, HOOK_PAIR_SCALE, HOOK_BUCKET)
+#: why a bias does not combine with the hook kinds that bring a position encoding of their own
+_ANOTHER_ENCODING = "{method} replaces the model's position encoding, and {other} is a position encoding itself"
 
 
 class PerLayer(nn.Module):
@@ -85,7 +85,12 @@ class PositionBias(Bias, MethodTerm):
 
     @property
     def has_key_bias(self) -> bool:  # type: ignore[override]
-        return self.owned is None and hasattr(self.fixed, "key_bias")
+        return self.owned is None and isinstance(self.fixed, KeyOnlyBias)
+
+    @property
+    def of_distance(self) -> bool:
+        """Whether the bias depends on the distance ``i - j`` alone (the same at positions moved together)."""
+        return self.method.of_distance
 
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self._module(k_pos.device).key_bias(c, k_pos)
@@ -97,21 +102,22 @@ class BiasInstaller(HookInstaller):
     kind = HOOK_BIAS
     site_kinds = frozenset({AttentionSite.kind})
     alternative_site_kinds = (frozenset({BucketSite.kind}),)
+    conflicts = dict.fromkeys((HOOK_FREQUENCY, HOOK_ATTENTION, HOOK_ABSOLUTE, HOOK_PAIR_SCALE, HOOK_BUCKET), _ANOTHER_ENCODING)
 
     def fits(self, method_class: type, site_kinds: frozenset[str]) -> bool:
-        return AttentionSite.kind in site_kinds or method_class.of_distance  # (T5's: biases of the distance)
+        return self.refusal(method_class, site_kinds) is None
+
+    def refusal(self, method_class: type, site_kinds: frozenset[str]) -> str | None:
+        if AttentionSite.kind in site_kinds or method_class.of_distance:  # (T5's: biases of the distance)
+            return None
+        return (
+            "its attention adds one bias of the distance j - i to every query (computed from positions by the layer "
+            f"that holds the table and passed down), and {method_class.method}'s depends on the query's position too"
+        )
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, BiasConfig)
         buckets = builder.sites.get(BucketSite.kind)
-        clash = [kind for kind in OTHER_ENCODINGS if kind in builder.kinds]
-        if clash:
-            kinds, others = " or ".join(repr(k) for k in clash), ", ".join(methods_with_hooks(clash))
-            partners = "nothing there" if buckets else ", ".join(methods_with_hooks(HOOK_QUERY_SCALE))
-            raise ValueError(
-                f"{method.method} replaces the model's position encoding, so it cannot be combined with {kinds} methods "
-                f"({others}), which are position encodings themselves; it combines with {partners}"
-            )
         if buckets:
             _plan_distance_bias(builder, method, buckets)
             return

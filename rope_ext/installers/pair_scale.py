@@ -12,8 +12,9 @@ from __future__ import annotations
 from rope_ext.attention.program import PairScale
 from rope_ext.installers.attention import AttentionSite
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
-from rope_ext.installers.rotary import RotarySite, rotate_in_attention
-from rope_ext.methods import HOOK_ATTENTION, HOOK_PAIR_SCALE, MethodConfig, XposConfig, methods_with_hooks
+from rope_ext.installers.rotary import RotarySite
+from rope_ext.installers.rotation import rotate_in_attention
+from rope_ext.methods import HOOK_ATTENTION, HOOK_PAIR_SCALE, MethodConfig, XposConfig
 
 
 class PairScaleInstaller(HookInstaller):
@@ -21,15 +22,11 @@ class PairScaleInstaller(HookInstaller):
 
     kind = HOOK_PAIR_SCALE
     site_kinds = frozenset({RotarySite.kind, AttentionSite.kind})
+    rotates_in_attention = True
+    conflicts = {HOOK_ATTENTION: "{method} scales plain RoPE, and {other} remaps the positions"}
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, XposConfig)
-        if HOOK_ATTENTION in builder.kinds:
-            rewrites = ", ".join(methods_with_hooks(HOOK_ATTENTION))
-            raise ValueError(
-                f"{method.method} scales plain RoPE; it cannot be combined with attention rewrites ({rewrites}), "
-                "which remap the positions; it combines with the frequency methods and logn"
-            )
         rotation = rotate_in_attention(builder, method.method)
         for _layer, program, term in rotation.full:
             program.add(PairScale(method, rotation.rotary.specs[term.layer_type].dim))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rope_ext.installers.base import AttrEdit, PlanBuilder, RopeExtModule, _own_attribute
+from rope_ext.installers.base import AttrEdit, PlanBuilder, RopeExtModule, instance_attribute
 
 #: the attribute of the patched model that holds the container (and the prefix of its state-dict keys)
 PARAMS_ATTR = "rope_ext"
@@ -51,7 +51,7 @@ class ContainerEdit(AttrEdit):
         self.initial = self.new.initial()
 
     def changed(self) -> str | None:
-        current = _own_attribute(self.obj, self.name)
+        current = instance_attribute(self.obj, self.name)
         if isinstance(current, PatchParameters) or isinstance(getattr(current, "original_module", None), PatchParameters):
             return None  # (ours, a trained copy of it, or peft's wrapper of it: told apart by ``trained``)
         return super().changed()

@@ -17,7 +17,8 @@ from torch import nn
 from rope_ext.attention.program import PositionRule, QueryScale
 from rope_ext.installers.attention import installed_programs, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
-from rope_ext.installers.rotary import RotarySite, check_chosen_layers, no_layer_to_rewrite, rotate_in_attention
+from rope_ext.installers.rotary import RotarySite
+from rope_ext.installers.rotation import check_chosen_layers, no_layer_to_rewrite, rotate_in_attention
 from rope_ext.methods import HOOK_ATTENTION, HOOK_FREQUENCY, HOOK_QUERY_SCALE, AttentionConfig, LogNConfig, MethodConfig
 from rope_ext.methods.base import check_length_within
 
@@ -27,6 +28,7 @@ class PositionRuleInstaller(HookInstaller):
 
     kind = HOOK_ATTENTION
     site_kinds = frozenset({RotarySite.kind, "attention"})
+    rotates_in_attention = True
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, AttentionConfig)

@@ -1,10 +1,11 @@
-"""The rotary site and the frequency hook.
+"""The rotary site and the module that stands in for it.
 
 ``RotarySite`` is a family's shared ``rotary_emb`` module (transformers' contract:
 ``forward(x, position_ids[, layer_type]) -> (cos, sin)`` with ``cos = cat(freqs, freqs).cos() *
 attention_factor``, HF's ``rotate_half`` convention: pair ``i`` is dims ``i`` and ``i + d/2``). Its
 replacement, ``RopeExtRotaryEmbedding``, is one module that every hook kind working on rotary positions
-configures; the frequency hook gives it ``(inv_freq, attention_factor)`` from a frequency method.
+configures: the frequency hook (``installers/frequency.py``) gives it ``(inv_freq, attention_factor)`` from a
+frequency method; the kinds that rotate in attention (``installers/rotation.py``) make it return the identity.
 
 Static methods compute their frequencies once (a non-persistent buffer, so state dicts are unchanged);
 dynamic ones recompute from the current length ``max(position_ids) + 1`` on every call, as a device
@@ -15,24 +16,20 @@ sliding-window layers by default) go to the original module, kept as ``.original
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from rope_ext.attention.program import AttentionProgram, PositionRule
-from rope_ext.installers.attention import AttentionLayer, program_setup
-from rope_ext.installers.base import HookInstaller, PlanBuilder, RopeExtModule, Site, register_hook
-from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
+from rope_ext.installers.base import PlanBuilder, RopeExtModule, Site
+from rope_ext.methods import FrequencyConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
 from rope_ext.methods.rope import rope_cos_sin
 
 #: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
-_BASE_KEYS = ("rope_theta", "partial_rotary_factor")
+BASE_KEYS = ("rope_theta", "partial_rotary_factor")
 #: rope types whose frequencies do not depend on the sequence length: the checkpoint's window is the extended one
 _STATIC_SCALINGS = ("linear", "yarn", "llama3")
 
@@ -245,7 +242,7 @@ class RotarySite(Site):
         rope_type = params.get("rope_type", "default")
         if rope_type == "default" or replace:
             return
-        scaling = {k: v for k, v in params.items() if k not in _BASE_KEYS and not isinstance(v, list)}
+        scaling = {k: v for k, v in params.items() if k not in BASE_KEYS and not isinstance(v, list)}
         where = f" ({layer_type} layers)" if layer_type else ""
         raise ValueError(
             f"{self.family}: this checkpoint already uses RoPE scaling{where}: {scaling}; rope_ext would replace "
@@ -345,172 +342,3 @@ def _restore(module: nn.Module, state: dict[str, Any]) -> None:
     for name, value in state["values"].items():
         if not torch.equal(module._buffers[name], value):
             module._buffers[name].copy_(value)
-
-
-class FrequencyInstaller(HookInstaller):
-    """Frequency methods: new ``(inv_freq, attention_factor)`` in the rotary replacement, plus the config values
-    that let ``save_pretrained`` reload without rope_ext where transformers has the same method natively."""
-
-    kind = HOOK_FREQUENCY
-    site_kinds = frozenset({RotarySite.kind})
-
-    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
-        assert isinstance(method, FrequencyConfig)
-        replace = builder.option("replace_scaling")
-        for site in builder.sites.get(RotarySite.kind):
-            chosen = site.layer_types(builder.option("layer_types"))
-            specs = {lt: site.spec(lt, method, replace) for lt in chosen}
-            site.replacement(builder).set_frequency(method, specs)
-            self._config_edits(builder, site, method, specs)
-            # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)
-            limit = None
-            if not method.dynamic:
-                limit = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
-            builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
-        if getattr(method, "cache_consistent", False):  # keys rotated in attention, with the current length's
-            rotate_in_attention(builder, method.method)
-
-    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
-        assert isinstance(method, FrequencyConfig)
-        if method.original_max_position_embeddings is not None or (
-            "original_max_position_embeddings" in method.unused_shared_options
-        ):
-            return method
-        originals = {
-            spec.original_max_position_embeddings
-            for module in model.modules()
-            if isinstance(module, RopeExtRotaryEmbedding) and module.method is method
-            for spec in module.specs.values()
-        }
-        if len(originals) != 1:  # layer types with different L (Gemma 3's): no one value to state
-            return method
-        return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
-
-    def _config_edits(
-        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
-    ) -> None:
-        config = site.config
-        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
-        if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
-            # No native equivalent: the rope_ext block alone records the patch, and the config keeps claiming only
-            # what plain transformers gives when it loads it (the unpatched rotation and its length).
-            return
-        # What plain transformers can honour (without rope_ext, a combination reloads as its frequency method alone):
-        # transformers' own version of the method, and the extended context (HF's convention for scaled checkpoints:
-        # max_position_embeddings is the new length, rope_parameters keep the original). Dynamic methods have no
-        # fixed length, and transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
-        if not method.dynamic:
-            extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
-            if extended > (getattr(config, "max_position_embeddings", None) or 0):
-                builder.edit_config(config, "max_position_embeddings", extended)
-        rope_parameters = copy.deepcopy(config.rope_parameters)
-        for layer_type, params in native.items():
-            current = site.params(layer_type)
-            merged = {key: current[key] for key in _BASE_KEYS if key in current} | params
-            if layer_type is None:
-                rope_parameters = merged
-            else:
-                rope_parameters[layer_type] = merged
-        builder.edit_config(config, "rope_parameters", rope_parameters)
-        originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
-        if originals and hasattr(config, "original_max_position_embeddings"):
-            # Phi-3 keeps L at the top level and transformers gives that copy priority.
-            builder.edit_config(config, "original_max_position_embeddings", originals.pop())
-
-
-register_hook(FrequencyInstaller())
-
-
-# --- rotation moved into attention (position rules, the cache-consistent dynamic methods) -----------------
-
-
-@dataclass(eq=False)
-class AttentionRotation:
-    """The layers whose queries and keys a plan rotates at attention time: the rotary replacement returns the
-    identity for their layer types, and each program holds a ``PositionRule`` (plain RoPE until a method sets
-    its rule). ``full`` are the full-attention layers (a method's rule goes there); sliding-window layers keep
-    plain RoPE, rotated here because one rotary module serves them too."""
-
-    rotary: RopeExtRotaryEmbedding
-    full: list[tuple[AttentionLayer, AttentionProgram, PositionRule]]
-
-
-def rotate_in_attention(builder: PlanBuilder, method_name: str) -> AttentionRotation:
-    """Move the rotation of the chosen layer types from the rotary module into the attention programs (once per
-    plan) and return the layers a position rule applies to."""
-    setup = program_setup(builder, method_name)
-    done = builder.memo.get(("rotate_in_attention", id(setup)))
-    if done is not None:
-        return done
-    if setup.site.rotation_refused is not None:
-        raise ValueError(
-            f"{method_name}: {setup.site.family}: {setup.site.rotation_refused}; methods that rotate in attention "
-            "(attention rewrites, cache_consistent dynamic methods) are refused for it, frequency methods and logn work"
-        )
-    sites = builder.sites.get(RotarySite.kind)
-    if len(sites) != 1:
-        raise ValueError(f"{method_name}: this model has {len(sites)} rotary embeddings; rope_ext rotates one in attention")
-    rotary_site = sites[0]
-    rotary = rotary_site.replacement(builder)
-    chosen = rotary_site.layer_types(builder.option("layer_types"))
-    with_frequency = HOOK_FREQUENCY in builder.kinds
-    specs = {}
-    for layer_type in chosen:
-        rope_type = rotary_site.params(layer_type).get("rope_type", "default")
-        if not with_frequency and rope_type in ("dynamic", "longrope"):
-            raise ValueError(
-                f"{rotary_site.family}: this checkpoint's {rope_type!r} RoPE scaling depends on the sequence length; "
-                "an attention method needs fixed frequencies: combine it with a frequency method and "
-                "replace_scaling=True (e.g. ['yarn', 'dca'])"
-            )
-        specs[layer_type] = rotary_site.spec(layer_type, None, True)
-    check_chosen_layers(setup.site.family, [layer for layer, _ in setup.programs], specs)
-    rotary.set_identity(specs)
-    if not with_frequency:
-        rotary.set_base(rotary_site, specs)
-    full = []
-    for layer, program in setup.programs:
-        if not layer.rotary:  # NoPE: positions never reach it
-            continue
-        if layer.layer_type in specs or None in specs:
-            key = layer.layer_type if layer.layer_type in specs else None  # one rotary embedding serves every layer
-            term = PositionRule(
-                None, rotary, key, rotary.specs[key].original_max_position_embeddings,
-                rotary_site.native_length(key),
-            )
-            program.add(term)
-            if layer.sliding_window is None:
-                full.append((layer, program, term))
-    if not full:
-        raise ValueError(no_layer_to_rewrite(setup.site.family, [layer for layer, _ in setup.programs]))
-    done = AttentionRotation(rotary, full)
-    builder.memo[("rotate_in_attention", id(setup))] = done
-    return done
-
-
-def check_chosen_layers(family: str, layers: list[AttentionLayer], chosen) -> None:
-    """Layer types the user (or the default) chose must not be sliding-window ones."""
-    if None in chosen:
-        return
-    sliding = sorted({l.layer_type for l in layers if l.layer_type in chosen and l.sliding_window is not None}, key=str)
-    if sliding:
-        full = sorted({l.layer_type for l in layers if l.sliding_window is None}, key=str)
-        raise ValueError(
-            f"{family}: layer types {sliding} use sliding-window attention, which attention methods do not rewrite; "
-            f"choose layer_types among the full-attention ones: {full}"
-        )
-
-
-def no_layer_to_rewrite(family: str, layers: list[AttentionLayer]) -> str:
-    no_rope = sum(1 for layer in layers if not layer.rotary)
-    if no_rope == len(layers):
-        return f"{family}: all {no_rope} of its layers use no positional encoding (NoPE): no layer to rewrite"
-    if no_rope:
-        return (
-            f"{family}: {no_rope} of its {len(layers)} layers use no positional encoding (NoPE) and the others "
-            "sliding-window attention, which attention methods leave alone: no layer to rewrite"
-        )
-    return (
-        f"{family}: every layer of this model uses sliding-window attention; attention methods apply to "
-        "full-attention layers"
-    )

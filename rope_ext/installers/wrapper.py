@@ -9,15 +9,23 @@ attention (LongLoRA's target), a sliding layer is local already. NoPE layers tak
 
 from __future__ import annotations
 
-from rope_ext.attention.program import PositionRule
 from rope_ext.attention.shifted import ShiftedGroups
 from rope_ext.installers.attention import AttentionSite, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
-from rope_ext.methods import HOOK_FREQUENCY, HOOK_WRAPPER, MethodConfig, S2AttnConfig, methods_with_hooks
+from rope_ext.installers.combination import ROTATES_IN_ATTENTION
+from rope_ext.methods import (
+    HOOK_ABSOLUTE,
+    HOOK_ATTENTION,
+    HOOK_BIAS,
+    HOOK_PAIR_SCALE,
+    HOOK_QUERY_SCALE,
+    HOOK_WRAPPER,
+    MethodConfig,
+    S2AttnConfig,
+)
 
-
-def _methods_of(kind: str) -> str:
-    return ", ".join(methods_with_hooks(kind))
+#: why S2-Attn does not combine with what needs the tokens' positions inside attention
+_NEEDS_POSITIONS = "{method}'s groups lose the tokens' positions, which {other} needs inside attention"
 
 
 class WrapperInstaller(HookInstaller):
@@ -25,23 +33,15 @@ class WrapperInstaller(HookInstaller):
 
     kind = HOOK_WRAPPER
     site_kinds = frozenset({AttentionSite.kind})
+    conflicts = dict.fromkeys((HOOK_ATTENTION, HOOK_QUERY_SCALE, HOOK_PAIR_SCALE, HOOK_BIAS), _NEEDS_POSITIONS) | {
+        ROTATES_IN_ATTENTION: "{method}'s groups lose the tokens' positions, which {other} needs to rotate queries and "
+                              "keys there; with cache_consistent=false a frequency method rotates them before attention",
+        HOOK_ABSOLUTE: "rope_ext has not checked {method} beside a table read past its rows ({other})",
+    }
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, S2AttnConfig)
-        combines = f"it combines with the frequency methods ({_methods_of(HOOK_FREQUENCY)}) or runs alone"
-        others = sorted(builder.kinds - {HOOK_FREQUENCY, HOOK_WRAPPER})
-        if others:
-            named = " or ".join(f"{kind!r} methods ({_methods_of(kind) or 'none registered'})" for kind in others)
-            raise ValueError(
-                f"{method.method} cannot be combined with {named}: its groups lose the tokens' positions, which those "
-                f"need inside attention; {combines}"
-            )
         setup = program_setup(builder, method.method)
-        if any(program.of_type(PositionRule) for _, program in setup.programs):
-            raise ValueError(
-                f"{method.method} cannot be combined with a frequency method that rotates queries and keys inside "
-                "attention (cache_consistent=true): its groups lose the tokens' positions; use cache_consistent=false"
-            )
         added = 0
         for layer, program in setup.programs:
             if layer.sliding_window is not None:

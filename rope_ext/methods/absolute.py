@@ -26,7 +26,8 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import HOOK_ABSOLUTE, MethodConfig, check_positive, register_method
+from rope_ext.methods.base import HOOK_ABSOLUTE, MethodConfig, register_method
+from rope_ext.methods.options import factor_range, interval, option, positive
 
 
 class AbsoluteConfig(MethodConfig):
@@ -68,12 +69,7 @@ class AbsInterpConfig(AbsoluteConfig):
 
     method: ClassVar[str] = "abs_interp"
 
-    factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        check_positive(self.method, "factor", self.factor)
-        if self.factor < 1:
-            raise ValueError(f"{self.method}: factor must be >= 1 (it stretches the table), got {self.factor!r}")
+    factor: float = option(2.0, factor_range("the table is stretched factor times", "shrink the table", required=False))
 
     def covers(self, rows: int) -> int:
         return int(math.floor(self.factor * (rows - 1) + 1e-9)) + 1
@@ -94,12 +90,7 @@ class AbsHierarchicalConfig(AbsoluteConfig):
 
     method: ClassVar[str] = "abs_hierarchical"
 
-    alpha: float = 0.4
-
-    def __post_init__(self) -> None:
-        bad = isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1
-        if bad or not math.isfinite(self.alpha):
-            raise ValueError(f"{self.method}: alpha must be a number in (0, 1), got {self.alpha!r}")
+    alpha: float = option(0.4, interval(0, 1, high_open=True))
 
     def covers(self, rows: int) -> int:
         return rows * rows
@@ -129,12 +120,8 @@ class SinusoidalConfig(AbsoluteConfig):
 
     method: ClassVar[str] = "sinusoidal"
 
-    scale: float | None = None
-    base: float = 10000.0
-
-    def __post_init__(self) -> None:
-        check_positive(self.method, "scale", self.scale, allow_none=True)
-        check_positive(self.method, "base", self.base)
+    scale: float | None = option(None, positive(optional=True))
+    base: float = option(10000.0, positive())
 
     def covers(self, rows: int) -> None:
         return None

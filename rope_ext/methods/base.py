@@ -1,7 +1,8 @@
 """Typed, validated method configs and the method registry.
 
-Every method is a dataclass whose ``__post_init__`` raises ``ValueError`` naming the valid range, and
-which round-trips through ``to_dict``/``from_dict`` (and so through ``config.json``). A config declares
+Every method is a dataclass whose options declare their valid values on their fields (``rope_ext.methods.options``:
+a refused value raises ``ValueError`` naming the valid range), and which round-trips through ``to_dict``/``from_dict``
+(and so through ``config.json``). A config declares
 the *hook kind* it needs; family adapters declare which hook kinds they support (see ``rope_ext.families``).
 
 This package is pure math: it imports torch, never transformers.
@@ -10,10 +11,10 @@ This package is pure math: it imports torch, never transformers.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rope_ext.methods.options import check_options
 from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.registry import Registry
 
@@ -21,7 +22,7 @@ from rope_ext.registry import Registry
 #: bias and absolute-table methods bring kinds of their own (``attention``, ``bias``, ``absolute``).
 HOOK_FREQUENCY = "frequency"
 #: The hook kinds of the attention-rewrite methods, of query scaling and of wrappers around the whole attention
-#: call (S2-Attn; ``rope_ext.methods.attention``).
+#: call (S2-Attn; ``rope_ext.methods.position_rules``, ``query_scales``, ``wrappers``).
 HOOK_ATTENTION = "attention"
 HOOK_QUERY_SCALE = "query_scale"
 HOOK_WRAPPER = "wrapper"
@@ -209,17 +210,22 @@ class MethodConfig:
     """Base of every method config.
 
     Options given as numpy scalars or 0-d tensors (``w=np.int64(8)``) are taken as the Python numbers they hold
-    before a config checks them (and so round-trip through ``config.json``)."""
+    before a config checks them (and so round-trip through ``config.json``). Each option's valid values are
+    declared on its field (``option(default, check)``, ``rope_ext.methods.options``) and checked here, in field
+    order; a subclass with rules between options checks them in its own ``__post_init__`` after
+    ``super().__post_init__()``."""
 
     method: ClassVar[str]
     hook: ClassVar[str]
     #: options of ``SHARED_OPTIONS`` this method has but refuses: a combination's keyword passes it by
     unused_shared_options: ClassVar[frozenset[str]] = frozenset()
-    #: options whose ``None`` default means "not given" and is refused (``check_factor``), not derived when patching
+    #: options whose ``None`` default means "not given" and is refused (a required ``factor``), not derived when
+    #: patching
     required_options: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
         _plain_fields(self)
+        check_options(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -261,25 +267,7 @@ class MethodConfig:
         return cls(**kwargs)
 
 
-# --- validation helpers shared by the configs ------------------------------------------------------
-
-
-def check_positive(method: str, name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{method}: {name} must be a finite number > 0, got {value!r}")
-
-
-def check_factor(method: str, factor: Any, what: str = "the distances it covers") -> None:
-    """A required ``factor >= 1`` (1: the identity)."""
-    if factor is None:
-        raise ValueError(f"{method}: factor is required (e.g. {method}:factor=4; factor 1 is the identity)")
-    check_positive(method, "factor", factor)
-    if factor < 1:
-        raise ValueError(
-            f"{method}: factor must be >= 1 (1 is the identity), got {factor!r}; a factor below 1 would shrink {what}"
-        )
+# --- checks against the model a method is resolved for --------------------------------------------
 
 
 def check_length_within(method: str, requested: int | None, native: int | None, extended_by: Any = None) -> None:
@@ -290,9 +278,3 @@ def check_length_within(method: str, requested: int | None, native: int | None, 
                 if extended_by is not None else f"the model's original context {native} (from its config)")
         raise ValueError(f"{method}: original_max_position_embeddings={requested} exceeds {what}; valid: 2..{native}")
 
-
-def check_context_length(method: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise ValueError(f"{method}: original_max_position_embeddings must be an int >= 2, got {value!r}")

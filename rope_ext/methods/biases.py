@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from rope_ext.methods.base import HOOK_BIAS, MethodConfig, register_method
+from rope_ext.methods.options import any_integer, factor_range, integer, interval, number_list, one_of, option
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -72,20 +73,30 @@ class BiasConfig(MethodConfig):
         raise NotImplementedError
 
 
-def _check_number(method: str, name: str, value, low: float, high: float | None = None, *, low_open: bool = True) -> None:
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    if not bad:
-        bad = value <= low if low_open else value < low
-        bad = bad or (high is not None and value > high)
-    if bad:
-        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
-        raise ValueError(f"{method}: {name} must be a finite number in {interval}, got {value!r}")
+class KeyOnlyBias:
+    """Declares a bias's key-only form: ``key_bias(c, k_pos) -> [heads, 1, m]`` with ``bias(i, j) = key_bias(c, j)
+    + g(i)`` for every causal pair ``j <= i``, taken relative to a position ``c`` (a query block's first, keeping the
+    values small). A per-query ``g(i)`` does not change the softmax, so attention kernels may add the key part alone,
+    one row for every query, instead of a ``[heads, n, m]`` block (ALiBi: ``-m (i - j) = m (j - c) - m (i - c)``).
+
+    A bias module (``nn.Module``) or an attention-program bias term (``rope_ext.attention.program.Bias``) declares the
+    form by subclassing this class and defining ``key_bias``; the kernels check ``isinstance``, never an attribute. A
+    subclass without its own ``key_bias`` is refused when it is defined."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.key_bias is KeyOnlyBias.key_bias:
+            raise TypeError(f"{cls.__name__} declares a key-only bias (KeyOnlyBias) but defines no key_bias(c, k_pos)")
+
+    def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """``[heads, 1, m]``: the key part at positions ``k_pos [m]`` relative to ``c`` (a 0-d float32 position)."""
+        raise NotImplementedError
 
 
 # --- ALiBi -------------------------------------------------------------------------------------------------
 
 
-class AlibiBias(nn.Module):
+class AlibiBias(nn.Module, KeyOnlyBias):
     """``-slope_h |i - j|``, the slopes fixed (a buffer that stays out of the state dict)."""
 
     def __init__(self, slopes: list[float]) -> None:
@@ -111,18 +122,12 @@ class AlibiConfig(BiasConfig):
 
     method: ClassVar[str] = "alibi"
 
-    factor: float = 1.0
+    factor: float = option(1.0, factor_range(
+        "the slopes are divided by it, for a context factor times the trained one", "steepen the slopes",
+        required=False))
     #: one slope per head (``None``: the paper's)
-    slopes: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        _check_number(self.method, "factor", self.factor, 1.0, low_open=False)
-        if self.slopes is not None:
-            if isinstance(self.slopes, (int, float)) or not isinstance(self.slopes, (list, tuple)) or not self.slopes:
-                raise ValueError(f"{self.method}: slopes must be a list of numbers > 0, one per head, got {self.slopes!r}")
-            for value in self.slopes:
-                _check_number(self.method, "every slope", value, 0.0)
-            object.__setattr__(self, "slopes", tuple(float(v) for v in self.slopes))
+    slopes: tuple[float, ...] | None = option(None, number_list(
+        interval(0.0), phrase="a list of numbers > 0, one per head", optional=True, entries="every slope"))
 
     def head_slopes(self, heads: int) -> list[float]:
         if self.slopes is not None and len(self.slopes) != heads:
@@ -180,18 +185,11 @@ class KerpleConfig(BiasConfig):
     method: ClassVar[str] = "kerple"
     learnable: ClassVar[bool] = True
 
-    form: str = "log"
-    eps: float = 1e-2
-    seed: int = 0
-
     FORMS: ClassVar[tuple[str, ...]] = ("log", "power")
 
-    def __post_init__(self) -> None:
-        if self.form not in self.FORMS:
-            raise ValueError(f"{self.method}: form must be one of {', '.join(self.FORMS)}, got {self.form!r}")
-        _check_number(self.method, "eps", self.eps, 0.0, 1.0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"{self.method}: seed must be an int, got {self.seed!r}")
+    form: str = option("log", one_of(*FORMS))
+    eps: float = option(1e-2, interval(0.0, 1.0))
+    seed: int = option(0, any_integer())
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
@@ -239,20 +237,11 @@ class FireConfig(BiasConfig):
     learnable: ClassVar[bool] = True
     of_distance: ClassVar[bool] = False  # (``psi(max(i, L))``: the query's position too)
 
-    width: int = 32
-    c: float = 0.1
-    threshold: float = 512.0
-    eps: float = 1e-6
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
-            raise ValueError(f"{self.method}: width must be an int >= 1, got {self.width!r}")
-        _check_number(self.method, "c", self.c, 0.0)
-        _check_number(self.method, "threshold", self.threshold, 0.0)
-        _check_number(self.method, "eps", self.eps, 0.0, 1.0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"{self.method}: seed must be an int, got {self.seed!r}")
+    width: int = option(32, integer(1))
+    c: float = option(0.1, interval(0.0))
+    threshold: float = option(512.0, interval(0.0))
+    eps: float = option(1e-6, interval(0.0, 1.0))
+    seed: int = option(0, any_integer())
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
@@ -300,14 +289,8 @@ class SandwichConfig(BiasConfig):
 
     method: ClassVar[str] = "sandwich"
 
-    dim: int | None = None
-    base: float = 10000.0
-
-    def __post_init__(self) -> None:
-        if self.dim is not None and (isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 2
-                                     or self.dim % 2):
-            raise ValueError(f"{self.method}: dim must be an even int >= 2 (or null: the head dimension), got {self.dim!r}")
-        _check_number(self.method, "base", self.base, 1.0)
+    dim: int | None = option(None, integer(2, optional=True, even=True, hint="or null: the head dimension"))
+    base: float = option(10000.0, interval(1.0))
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         dim = self.dim or head_dim

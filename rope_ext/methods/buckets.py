@@ -48,7 +48,11 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import HOOK_BUCKET, HOOK_LOG_BUCKET, MethodConfig, check_factor, register_method
+from rope_ext.methods.base import HOOK_BUCKET, HOOK_LOG_BUCKET, MethodConfig, register_method
+from rope_ext.methods.options import factor_range, option
+
+#: the ``factor`` of every bucket method (required)
+BUCKET_FACTOR = factor_range("the distances the buckets cover grow factor times", "shrink the distances the buckets cover")
 
 
 def t5_bucket(
@@ -88,6 +92,7 @@ def divided(relative_position: torch.Tensor, factor: float) -> torch.Tensor:
     return scaled * torch.sign(relative_position)
 
 
+@dataclass(frozen=True)
 class BucketConfig(MethodConfig):
     """Base of the methods that read a T5 bucket table (hook kind ``bucket``): ``bucket(rel, ...)`` gives each
     relative position's row of ``table(weight, ...)``, the table the patched model reads (``None``: the model's
@@ -98,8 +103,7 @@ class BucketConfig(MethodConfig):
     #: whether the method brings a table of its own (a parameter the patch owns)
     grows_table: ClassVar[bool] = False
 
-    def __post_init__(self) -> None:
-        check_factor(self.method, self.factor, "the distances the buckets cover")
+    factor: float | None = option(None, BUCKET_FACTOR)
 
     def per_direction(self, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
         """Rows per direction of the table the patched model reads."""
@@ -125,8 +129,6 @@ class T5BucketScaleConfig(BucketConfig):
 
     method: ClassVar[str] = "t5_bucket_scale"
 
-    factor: float | None = None
-
     def bucket(self, relative_position, bidirectional, num_buckets, max_distance):
         return t5_bucket(divided(relative_position, self.factor), bidirectional, num_buckets, max_distance)
 
@@ -139,8 +141,6 @@ class T5BucketExtendConfig(BucketConfig):
 
     method: ClassVar[str] = "t5_bucket_extend"
     grows_table: ClassVar[bool] = True
-
-    factor: float | None = None
 
     def per_direction(self, bidirectional, num_buckets, max_distance):
         n = trained_per_direction(bidirectional, num_buckets)
@@ -178,6 +178,7 @@ def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_po
     return torch.where(distance <= mid, relative_position.type_as(log_position), log_position * sign)
 
 
+@dataclass(frozen=True)
 class LogBucketConfig(MethodConfig):
     """Base of the methods that remap DeBERTa's relative positions (hook kind ``log_bucket``):
     ``positions(rel, position_buckets, max_relative_positions) -> long`` gives what the attention reads."""
@@ -186,8 +187,7 @@ class LogBucketConfig(MethodConfig):
     required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
     needs_buckets: ClassVar[bool] = False
 
-    def __post_init__(self) -> None:
-        check_factor(self.method, self.factor, "the distances the buckets cover")
+    factor: float | None = option(None, BUCKET_FACTOR)
 
     def distances(self, relative_position: torch.Tensor) -> torch.Tensor:
         return relative_position
@@ -211,8 +211,6 @@ class DebertaBucketScaleConfig(LogBucketConfig):
 
     method: ClassVar[str] = "deberta_bucket_scale"
 
-    factor: float | None = None
-
     def distances(self, relative_position):
         return divided(relative_position, self.factor)
 
@@ -225,8 +223,6 @@ class DebertaBucketStretchConfig(LogBucketConfig):
 
     method: ClassVar[str] = "deberta_bucket_stretch"
     needs_buckets: ClassVar[bool] = True
-
-    factor: float | None = None
 
     def reach(self, max_relative_positions):
         return self.factor * (max_relative_positions - 1) + 1

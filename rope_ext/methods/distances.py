@@ -21,7 +21,8 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import HOOK_DISTANCE, MethodConfig, check_factor, register_method
+from rope_ext.methods.base import HOOK_DISTANCE, MethodConfig, register_method
+from rope_ext.methods.options import factor_range, integer, option
 
 
 class DistanceConfig(MethodConfig):
@@ -49,10 +50,7 @@ class XlnetInterpConfig(DistanceConfig):
     method: ClassVar[str] = "xlnet_interp"
     required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
 
-    factor: float | None = None
-
-    def __post_init__(self) -> None:
-        check_factor(self.method, self.factor)
+    factor: float | None = option(None, factor_range("the distances are divided by it", "shrink the distances it covers"))
 
     def distances(self, distance):
         return distance / float(self.factor)
@@ -65,15 +63,7 @@ class XlnetClampConfig(DistanceConfig):
 
     method: ClassVar[str] = "xlnet_clamp"
 
-    clamp_len: int | None = None
-
-    def __post_init__(self) -> None:
-        value = self.clamp_len
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{self.method}: clamp_len must be an int >= 1 (the longest distance kept, e.g. "
-                f"xlnet_clamp:clamp_len=512), got {value!r}"
-            )
+    clamp_len: int | None = option(None, integer(1, hint="the longest distance kept, e.g. xlnet_clamp:clamp_len=512"))
 
     def clamp(self, own):
         return self.clamp_len

@@ -30,6 +30,9 @@ Checked against transformers' ``modeling_rope_utils.py`` (5.23.0: ``_compute_lin
 ``_compute_longrope_parameters``) and jquesnelle/yarn ``scaled_rope/LlamaDynamicYaRNScaledRotaryEmbedding.py``
 (commit a18e549); the floating-point operations follow transformers' order so native parity is bitwise
 for the inverse frequencies. Convention: HF's ``rotate_half`` (pair ``i`` is dims ``i`` and ``i + d/2``).
+
+This module holds the formulas and the bases (``FrequencyConfig``, ``DynamicFrequencyConfig``); the methods are in
+``interpolation`` (pi, ntk, dynamic_ntk), ``yarn`` (ntk_by_parts, yarn, dynamic_yarn), ``llama3`` and ``longrope``.
 """
 
 from __future__ import annotations
@@ -40,13 +43,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from rope_ext.methods.base import (
-    HOOK_FREQUENCY,
-    MethodConfig,
-    check_context_length,
-    check_positive,
-    register_method,
-)
+from rope_ext.methods.base import HOOK_FREQUENCY, MethodConfig
+from rope_ext.methods.options import context_length, factor_range, flag, option
 
 
 @dataclass(frozen=True)
@@ -185,25 +183,14 @@ class FrequencyConfig(MethodConfig):
     #: the factor when none is given: ``None`` (required) for the static methods, whose factor 1 is the identity
     default_factor: ClassVar[float | None] = None
 
-    factor: float | None = None
+    factor: float | None = option(None, factor_range("the context is extended factor times", "shrink the context"))
     #: ``L``; ``None`` means what the model's config says.
-    original_max_position_embeddings: int | None = None
+    original_max_position_embeddings: int | None = option(None, context_length())
 
     def __post_init__(self) -> None:
-        if self.factor is None:
-            if self.default_factor is None:
-                raise ValueError(
-                    f"{self.method}: factor is required (the context is extended factor times, e.g. "
-                    f"{self.method}:factor=4 for 4x; factor 1 is the identity)"
-                )
+        if self.factor is None and self.default_factor is not None:
             object.__setattr__(self, "factor", self.default_factor)
-        check_positive(self.method, "factor", self.factor)
-        if self.factor < 1:
-            raise ValueError(
-                f"{self.method}: factor must be >= 1 (the context is extended factor times; 1 is the identity), "
-                f"got {self.factor!r}; a factor below 1 would shrink the context"
-            )
-        check_context_length(self.method, self.original_max_position_embeddings)
+        super().__post_init__()
 
     def frequencies(
         self,
@@ -231,39 +218,9 @@ class FrequencyConfig(MethodConfig):
         return None
 
 
-@register_method
 @dataclass(frozen=True)
-class PIConfig(FrequencyConfig):
-    method: ClassVar[str] = "pi"
-    unused_shared_options: ClassVar[frozenset[str]] = frozenset({"original_max_position_embeddings"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.original_max_position_embeddings is not None:
-            raise ValueError(
-                "pi: original_max_position_embeddings has no effect (PI divides every position by factor, "
-                "whatever the original length); leave it unset"
-            )
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        return default_inv_freq(spec.base, spec.dim, device) / self.factor, 1.0
-
-    def native_rope_parameters(self, spec, max_position_embeddings):
-        return {"rope_type": "linear", "factor": float(self.factor)}
-
-
-@register_method
-@dataclass(frozen=True)
-class NTKConfig(FrequencyConfig):
-    method: ClassVar[str] = "ntk"
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
-
-
-@dataclass(frozen=True)
-class _DynamicConfig(FrequencyConfig):
-    """Base of the methods whose frequencies follow the current length.
+class DynamicFrequencyConfig(FrequencyConfig):
+    """Base of the methods whose frequencies follow the current length (``dynamic_ntk``, ``dynamic_yarn``).
 
     ``cache_consistent=True``: keys are cached unrotated and every step rotates all of them with the current
     length's frequencies (through the attention hook), so a cached step sees the rotation a full forward of
@@ -274,257 +231,4 @@ class _DynamicConfig(FrequencyConfig):
     dynamic: ClassVar[bool] = True
     default_factor: ClassVar[float | None] = 1.0  # (factor 1 still scales past L: by l / L)
 
-    cache_consistent: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.cache_consistent, bool):
-            raise ValueError(f"{self.method}: cache_consistent must be True or False, got {self.cache_consistent!r}")
-
-
-@register_method
-@dataclass(frozen=True)
-class DynamicNTKConfig(_DynamicConfig):
-    method: ClassVar[str] = "dynamic_ntk"
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        default = default_inv_freq(spec.base, spec.dim, device)
-        if seq_len is None:
-            return default, 1.0
-        scale = dynamic_scale(self.factor, seq_len, spec.original_max_position_embeddings)
-        scaled = default_inv_freq(ntk_base(spec.base, spec.dim, scale), spec.dim, device)
-        return beyond(seq_len, spec.original_max_position_embeddings, scaled, default), 1.0
-
-    def native_rope_parameters(self, spec, max_position_embeddings):
-        # transformers' "dynamic" takes L from max_position_embeddings; equivalent only when they agree.
-        if spec.original_max_position_embeddings != max_position_embeddings:
-            return None
-        return {"rope_type": "dynamic", "factor": float(self.factor)}
-
-
-@dataclass(frozen=True)
-class _ByPartsConfig(FrequencyConfig):
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    #: Round the ramp's ends to whole dimensions, as the YaRN reference does.
-    truncate: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self.method, "beta_fast", self.beta_fast)
-        check_positive(self.method, "beta_slow", self.beta_slow)
-        if self.beta_fast <= self.beta_slow:
-            raise ValueError(
-                f"{self.method}: beta_fast must be > beta_slow (defaults 32 and 1), "
-                f"got beta_fast={self.beta_fast}, beta_slow={self.beta_slow}"
-            )
-        if not isinstance(self.truncate, bool):
-            raise ValueError(f"{self.method}: truncate must be True or False, got {self.truncate!r}")
-
-    def _by_parts(self, spec: RotarySpec, scale: float, device) -> torch.Tensor:
-        return by_parts_inv_freq(
-            spec.base,
-            spec.dim,
-            scale,
-            spec.original_max_position_embeddings,
-            self.beta_fast,
-            self.beta_slow,
-            self.truncate,
-            device,
-        )
-
-    def _native_yarn(self, spec: RotarySpec, attention_factor: float | None) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "rope_type": "yarn",
-            "factor": float(self.factor),
-            "original_max_position_embeddings": spec.original_max_position_embeddings,
-            "beta_fast": float(self.beta_fast),
-            "beta_slow": float(self.beta_slow),
-            "truncate": self.truncate,
-        }
-        if attention_factor is not None:
-            params["attention_factor"] = float(attention_factor)
-        return params
-
-
-@register_method
-@dataclass(frozen=True)
-class NTKByPartsConfig(_ByPartsConfig):
-    method: ClassVar[str] = "ntk_by_parts"
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        return self._by_parts(spec, self.factor, device), 1.0
-
-    def native_rope_parameters(self, spec, max_position_embeddings):
-        return self._native_yarn(spec, attention_factor=1.0)
-
-
-@register_method
-@dataclass(frozen=True)
-class YarnConfig(_ByPartsConfig):
-    method: ClassVar[str] = "yarn"
-
-    #: Fixed cos/sin multiplier; ``None`` means ``0.1 ln s + 1`` (or the mscale ratio below).
-    attention_factor: float | None = None
-    #: DeepSeek-style temperature: ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` when both are set.
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self.method, "attention_factor", self.attention_factor, allow_none=True)
-        check_positive(self.method, "mscale", self.mscale, allow_none=True)
-        check_positive(self.method, "mscale_all_dim", self.mscale_all_dim, allow_none=True)
-        if (self.mscale is None) != (self.mscale_all_dim is None):
-            raise ValueError(f"{self.method}: set both mscale and mscale_all_dim, or neither")
-        if self.attention_factor is not None and self.mscale is not None:
-            raise ValueError(f"{self.method}: give attention_factor or mscale/mscale_all_dim, not both")
-
-    def resolved_attention_factor(self) -> float:
-        if self.attention_factor is not None:
-            return float(self.attention_factor)
-        if self.mscale is not None and self.mscale_all_dim is not None:
-            return float(yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim))
-        return yarn_mscale(self.factor)
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        return self._by_parts(spec, self.factor, device), self.resolved_attention_factor()
-
-    def native_rope_parameters(self, spec, max_position_embeddings):
-        params = self._native_yarn(spec, self.attention_factor)
-        if self.mscale is not None:
-            params.update(mscale=float(self.mscale), mscale_all_dim=float(self.mscale_all_dim))
-        return params
-
-
-@register_method
-@dataclass(frozen=True)
-class DynamicYarnConfig(_ByPartsConfig, _DynamicConfig):
-    """YaRN whose scale follows the sequence length: ``s' = max(1, s*l/L - (s - 1))``."""
-
-    method: ClassVar[str] = "dynamic_yarn"
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        default = default_inv_freq(spec.base, spec.dim, device)
-        if seq_len is None:
-            return default, 1.0
-        original = spec.original_max_position_embeddings
-        scale = dynamic_scale(self.factor, seq_len, original)
-        inv_freq = beyond(seq_len, original, self._by_parts(spec, scale, device), default)
-        return inv_freq, beyond(seq_len, original, yarn_mscale(scale), 1.0)
-
-
-@register_method
-@dataclass(frozen=True)
-class Llama3Config(FrequencyConfig):
-    method: ClassVar[str] = "llama3"
-
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self.method, "low_freq_factor", self.low_freq_factor)
-        check_positive(self.method, "high_freq_factor", self.high_freq_factor)
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
-                f"{self.method}: high_freq_factor must be > low_freq_factor (defaults 4 and 1), "
-                f"got high_freq_factor={self.high_freq_factor}, low_freq_factor={self.low_freq_factor}"
-            )
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        inv_freq = llama3_inv_freq(
-            spec.base,
-            spec.dim,
-            self.factor,
-            spec.original_max_position_embeddings,
-            self.low_freq_factor,
-            self.high_freq_factor,
-            device,
-        )
-        return inv_freq, 1.0
-
-    def native_rope_parameters(self, spec, max_position_embeddings):
-        return {
-            "rope_type": "llama3",
-            "factor": float(self.factor),
-            "low_freq_factor": float(self.low_freq_factor),
-            "high_freq_factor": float(self.high_freq_factor),
-            "original_max_position_embeddings": spec.original_max_position_embeddings,
-        }
-
-
-@register_method
-@dataclass(frozen=True)
-class LongRopeConfig(FrequencyConfig):
-    """LongRoPE: searched per-dimension factors. ``short_factor`` defaults to all ones (no change inside ``L``)."""
-
-    method: ClassVar[str] = "longrope"
-    dynamic: ClassVar[bool] = True  # switches factor lists at l > L
-    default_factor: ClassVar[float | None] = 1.0  # (the factor lists scale; factor sets the attention factor only)
-
-    long_factor: tuple[float, ...] | None = None
-    short_factor: tuple[float, ...] | None = None
-    #: Fixed cos/sin multiplier; ``None`` means ``sqrt(1 + ln s / ln L)`` (1 for ``s <= 1``).
-    attention_factor: float | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.long_factor is None:
-            raise ValueError(
-                f"{self.method}: long_factor is required: a list of rotary_dim / 2 positive floats "
-                "(one per frequency, e.g. from a LongRoPE search or a Phi-3 config)"
-            )
-        for name in ("long_factor", "short_factor"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not isinstance(value, (list, tuple)) or not value:
-                raise ValueError(f"{self.method}: {name} must be a non-empty list of floats, got {value!r}")
-            for item in value:
-                check_positive(self.method, f"every {name} entry", item)
-            object.__setattr__(self, name, tuple(float(v) for v in value))
-        check_positive(self.method, "attention_factor", self.attention_factor, allow_none=True)
-
-    def check_spec(self, spec: RotarySpec) -> None:
-        for name in ("long_factor", "short_factor"):
-            value = getattr(self, name)
-            if value is not None and len(value) != spec.num_frequencies:
-                raise ValueError(
-                    f"{self.method}: {name} has {len(value)} entries; this model's rotary dimension is "
-                    f"{spec.dim}, so it needs exactly {spec.num_frequencies} (rotary_dim / 2)"
-                )
-
-    def resolved_attention_factor(self, spec: RotarySpec) -> float:
-        if self.attention_factor is not None:
-            return float(self.attention_factor)
-        if self.factor <= 1.0:
-            return 1.0
-        return math.sqrt(1 + math.log(self.factor) / math.log(spec.original_max_position_embeddings))
-
-    def _short(self, spec: RotarySpec) -> tuple[float, ...]:
-        return self.short_factor if self.short_factor is not None else (1.0,) * spec.num_frequencies
-
-    def frequencies(self, spec, seq_len=None, device=None, constants=None):
-        constants = constants or self.constants(spec, device)
-        if seq_len is None:
-            return constants["short"], self.resolved_attention_factor(spec)
-        inv_freq = beyond(seq_len, spec.original_max_position_embeddings, constants["long"], constants["short"])
-        return inv_freq, self.resolved_attention_factor(spec)
-
-    def constants(self, spec, device=None):
-        self.check_spec(spec)
-        return {
-            "short": longrope_inv_freq(spec.base, spec.dim, self._short(spec), device),
-            "long": longrope_inv_freq(spec.base, spec.dim, self.long_factor, device),
-        }
-
-    def native_rope_parameters(self, spec, max_position_embeddings):
-        return {
-            "rope_type": "longrope",
-            "factor": float(self.factor),
-            "attention_factor": self.resolved_attention_factor(spec),
-            "long_factor": list(self.long_factor),
-            "short_factor": list(self._short(spec)),
-            "original_max_position_embeddings": spec.original_max_position_embeddings,
-        }
+    cache_consistent: bool = option(False, flag())

@@ -1,5 +1,5 @@
-"""Relative-position remappings of the attention-rewrite methods (pure math; the hook that installs them
-comes with the attention kind).
+"""Relative-position remappings of the attention-rewrite methods (pure math; their configs are in
+``rope_ext.methods.window_rules`` and ``dual_chunk``, the hook that installs them comes with the attention kind).
 
 Notation: ``i`` query position, ``j`` key position, ``rel = i - j`` (causal: ``rel >= 0``), ``L`` the
 original context. Each method keeps RoPE's scores but evaluates them at a remapped relative position
@@ -15,7 +15,7 @@ rotate q and k once per region and merge the regions (see ``rope_ext.attention``
   ``rel - S + W`` (distant positions replaced by well-trained small ones).
 
 log-n scaling (Su 2021; in ReRoPE's patch), queries times ``max(1, ln(i + 1) / ln L)``, is a query scale, not a
-mapping: ``LogNConfig.scale`` in ``rope_ext.methods.attention``.
+mapping: ``LogNConfig.scale`` in ``rope_ext.methods.query_scales``.
 
 Checked against the formulas collected in the project's REFERENCES.md (from the repositories named).
 Positions broadcast: ``i`` shaped ``[..., q, 1]`` and ``j`` ``[..., 1, k]`` give ``[..., q, k]``.

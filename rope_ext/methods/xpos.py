@@ -9,7 +9,7 @@ The reference pairs adjacent dims (``rotate_every_two``); rope_ext applies it in
 ``rotate_half``: pair ``i`` is dims ``i`` and ``i + r/2``), pair ``i`` with frequency ``theta_i`` and scale
 ``zeta_i`` as in the reference. ``zeta^(m/B)`` overflows at long lengths (``zeta_0^(-n/B)`` is ``3.5^(n/512)``), so
 the fast path scales relative to each query block's first position, blocks short enough that no factor passes
-``e^8`` (``safe_block``: 6.4 B tokens for the default gamma; ``rope_ext.attention.rules``); the plain
+``e^8`` (``safe_block``: 6.4 B tokens for the default gamma; ``rope_ext.attention.pair_scale``); the plain
 reference multiplies each pair's score by ``zeta^((m - n)/B)`` directly. Meant for training from scratch (a
 pretrained RoPE model has not learned the decay).
 
@@ -25,6 +25,7 @@ from typing import ClassVar
 import torch
 
 from rope_ext.methods.base import HOOK_PAIR_SCALE, MethodConfig, register_method
+from rope_ext.methods.options import option, positive
 
 
 def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> torch.Tensor:
@@ -42,14 +43,8 @@ class XposConfig(MethodConfig):
     method: ClassVar[str] = "xpos"
     hook: ClassVar[str] = HOOK_PAIR_SCALE
 
-    gamma: float = 0.4
-    scale_base: float = 512.0
-
-    def __post_init__(self) -> None:
-        for name in ("gamma", "scale_base"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{self.method}: {name} must be a finite number > 0, got {value!r}")
+    gamma: float = option(0.4, positive())
+    scale_base: float = option(512.0, positive())
 
     def zeta(self, rotary_dim: int) -> torch.Tensor:
         return xpos_zeta(rotary_dim, self.gamma)

@@ -11,10 +11,13 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from rope_ext.methods import MethodConfig
+from rope_ext.eval.objectives import check_target_tokens
+from rope_ext.methods import MethodConfig
+from rope_ext.methods.wrappers import s2_group_size
+from rope_ext.runs.specs import one_spec
+from rope_ext.runs.values import field_kinds, parse_text
 
 PACKING = ("packed", "document")
 TRAINABLE = ("embeddings", "norms")
@@ -36,11 +39,11 @@ class LoopConfig:
 
     # data
     dataset: str | None = field(default=None, metadata=_help("a folder saved with Dataset.save_to_disk, or a hub name"))
-    text_files: list[str] | None = field(default=None, metadata=_help("plain-text files, one document each", list=True))
+    text_files: list[str] | None = field(default=None, metadata=_help("plain-text files, one document each"))
     split: str | None = field(default=None, metadata=_help("--dataset's split (default: train)"))
     text_column: str = field(default="text", metadata=_help("--dataset's text column"))
     exclude: list[str] = field(default_factory=list, metadata=_help(
-        "document titles kept out of training (e.g. the books an evaluation scores)", list=True))
+        "document titles kept out of training (e.g. the books an evaluation scores)"))
     packing: str = field(default="packed", metadata=_help(
         "packed: documents joined (EOS between) and cut into windows; document: windows within each document",
         choices=PACKING))
@@ -128,14 +131,15 @@ class LoopConfig:
     def check(self) -> None:
         """Raise ``ValueError`` (one line, naming the valid values) on a bad value."""
         fields = {f.name: f for f in dataclasses.fields(self)}
+        kinds = field_kinds(type(self))
         for name, f in fields.items():
             value = getattr(self, name)
-            kind = f.type
+            kind, optional = kinds[name]
             if value is None:
-                if "None" not in str(kind):
+                if not optional:
                     raise ValueError(f"{_flag(name)}: give a value")
                 continue
-            if "list" in str(kind):
+            if kind == "list":
                 if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
                     raise ValueError(f"{_flag(name)}: give a list of names, got {value!r}")
                 value = [v.strip() for v in value]
@@ -143,14 +147,14 @@ class LoopConfig:
             elif kind == "bool":
                 if not isinstance(value, bool):
                     raise ValueError(f"{_flag(name)}: give true or false, got {value!r}")
-            elif "int" in str(kind):
+            elif kind == "int":
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ValueError(f"{_flag(name)}: give an integer, got {value!r}")
             elif kind == "float":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise ValueError(f"{_flag(name)}: give a number, got {value!r}")
                 setattr(self, name, float(value))
-            elif "str" in str(kind):
+            elif kind == "str":
                 if not isinstance(value, str) or not value.strip():
                     raise ValueError(f"{_flag(name)}: give a non-empty text, got {value!r}")
             choices = f.metadata.get("choices")
@@ -196,7 +200,8 @@ class FinetuneConfig(LoopConfig):
     """Everything a ``rope-ext finetune`` run depends on (saved with the run as ``finetune_config.json``)."""
 
     # what is trained
-    model: str = field(default="default", metadata=_help("'default' (embedded SmolLM2-135M), a folder or a hub id"))
+    model: str = field(default="default", metadata=_help(
+        "'default' (embedded SmolLM2-135M), a folder or a hub id (default: default)"))
     methods: str = field(default="none", metadata=_help(
         "the patch to train under, in the evaluation's spec syntax (yarn:factor=4, yarn:factor=4+dca); 'none': the "
         "unpatched model (plain LoRA, the baseline)"))
@@ -214,9 +219,9 @@ class FinetuneConfig(LoopConfig):
     lora_alpha: float = field(default=16.0, metadata=_help("LoRA alpha"))
     lora_dropout: float = field(default=0.05, metadata=_help("LoRA dropout"))
     lora_targets: list[str] | None = field(default=None, metadata=_help(
-        "module names LoRA adapts (default: the linear layers of the family's attention modules)", list=True))
+        "module names LoRA adapts (default: the linear layers of the family's attention modules)"))
     trainable: list[str] = field(default_factory=list, metadata=_help(
-        "also train these in full (LongLoRA's LoRA+): embeddings, norms", list=True, choices=TRAINABLE))
+        "also train these in full (LongLoRA's LoRA+): embeddings, norms", choices=TRAINABLE))
     gradient_checkpointing: bool = field(default=False, metadata=_help("recompute activations in the backward pass"))
 
     AT_LEAST: ClassVar[dict[str, int]] = {**LoopConfig.AT_LEAST, "lora_r": 1}
@@ -257,7 +262,6 @@ class FinetuneConfig(LoopConfig):
         if not self.s2_attn and self.s2_group_ratio != type(self).s2_group_ratio:
             raise ValueError("--s2-group-ratio: an S2-Attn option; give --s2-attn too, or leave it out")
         if self.s2_attn:
-            from rope_ext.methods.attention import s2_group_size
 
             try:
                 s2_group_size(self.window, self.s2_group_ratio)
@@ -278,7 +282,7 @@ OBJECTIVES = {"gpt2": "fixed", "llama": "fixed", "t5": "span-corruption", "deber
 @dataclass
 class TrainConfig(LoopConfig):
     """Everything a ``rope-ext train`` run depends on (saved with the run as ``train_config.json``): a small causal
-    model built from a config (the default model's tokenizer), trained from scratch under a position method."""
+    model built from a config (with ``tokenizer``'s vocabulary), trained from scratch under a position method."""
 
     architecture: str = field(default="gpt2", metadata=_help(
         "gpt2 (a learned position table of --window rows), llama (RoPE), t5 (relative buckets; span corruption) or "
@@ -286,6 +290,9 @@ class TrainConfig(LoopConfig):
     methods: str = field(default="none", metadata=_help(
         "the position method trained with, in the evaluation's spec syntax (alibi, kerple, fire, sandwich, xpos...); "
         "'none': the architecture's own positions"))
+    tokenizer: str = field(default="default", metadata=_help(
+        "a tokenizer folder or hub id: its vocabulary and special tokens make the model's; 'default': the default "
+        "model's (SmolLM2, 49,152 tokens) (default: default)"))
     layers: int = field(default=4, metadata=_help("transformer layers"))
     heads: int = field(default=4, metadata=_help("attention heads"))
     kv_heads: int | None = field(default=None, metadata=_help("key/value heads (llama; default: --heads)"))
@@ -327,7 +334,6 @@ class TrainConfig(LoopConfig):
             raise ValueError(f"--window {self.window}: DeBERTa's log buckets (window / 2 of them) need a window of at "
                              "least 4")
         if self.objective != "fixed":
-            from rope_ext.eval.objectives import check_target_tokens
 
             check_target_tokens(self.objective, self.window, "--window")
             if self.eval_document:
@@ -344,19 +350,6 @@ class TrainConfig(LoopConfig):
     def objective(self) -> str:
         """The evaluation protocol of the architecture's objective ("fixed": next-token)."""
         return OBJECTIVES[self.architecture]
-
-
-def one_spec(methods: str) -> list[MethodConfig]:
-    """The configs of a run's ``--methods``: one spec in the evaluation's syntax (``yarn:factor=4+dca``), not the
-    evaluation's comma list of specs to compare."""
-    from rope_ext.cli import parse_method_spec, parse_methods
-
-    if len(parse_methods(methods)) > 1:  # (after its own errors: empty specs, an option after a comma)
-        raise ValueError(
-            f"--methods {methods!r}: a run trains under one spec; '+' joins methods of different kinds (yarn:factor=4+dca); "
-            "run once per method to compare them"
-        )
-    return parse_method_spec(methods)
 
 
 def _flag(name: str) -> str:
@@ -380,7 +373,8 @@ def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: give a mapping of options (name: value), got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    kinds = field_kinds(cls)
+    names = set(kinds)
     values = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
@@ -388,22 +382,18 @@ def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
             raise ValueError(f"--config {path}: {name!r} is given twice (as {name} and {name.replace('_', '-')})")
         if name not in names:
             raise ValueError(f"--config {path}: unknown option {key!r}; options: {', '.join(sorted(names))}")
-        if name in ("text_files", "exclude", "lora_targets", "trainable") and isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        kind = str(next(f.type for f in dataclasses.fields(cls) if f.name == name))
-        if "int" in kind and isinstance(value, str):  # (lengths as the evaluation writes them: 32k)
-            from rope_ext.eval.perplexity import parse_length
-
-            try:
-                value = parse_length(value)
-            except ValueError:
-                raise ValueError(f"--config {path}: {key}: must be an integer (4k = 4096), got {value!r}") from None
-        elif "float" in kind and isinstance(value, str):  # (YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4)
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f"--config {path}: {key}: must be a number, got {value!r}") from None
+        kind = kinds[name][0]
+        if kind in ("list", "int", "float") and isinstance(value, str):  # (lengths as the evaluation writes them:
+            try:  # 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names comma-separated)
+                value = parse_text(kind, value)
+            except ValueError as error:
+                raise ValueError(f"--config {path}: {key}: {error}") from None
         if name == "methods" and isinstance(value, list):
             value = "+".join(map(str, value))
         values[name] = value
     return values
+
+
+def methods_of(config: LoopConfig) -> list[MethodConfig]:
+    """The configs of a run's ``--methods`` (one spec)."""
+    return one_spec(config.methods)

@@ -4,7 +4,8 @@ accelerate's loop, so the same code runs in one CPU process and under ``accelera
 * Gradient accumulation, clipping, mixed precision and sharding are accelerate's (``accumulate``, ``backward``,
   ``clip_grad_norm_``, ``prepare``); the learning-rate schedule is transformers' ``get_scheduler``, stretched by the
   number of processes because accelerate steps a prepared scheduler once per process.
-* Checkpoints (``save_state``, every ``save_every`` steps and at the last, the newest ``keep_checkpoints`` kept):
+* Checkpoints (``save_state`` into ``checkpoints/checkpoint_<optimizer step>``, every ``save_every`` steps and at the
+  last; the newest ``keep_checkpoints`` complete ones kept, older ones removed once a new one is complete):
   model, optimizer, scheduler, RNG states, the sampler's epoch and ``Progress`` (steps and micro-batches done, the loss log). Only the
   trainable parameters of the model are written (LoRA adapters, not a copy of the frozen base) outside FSDP and
   DeepSpeed, which save their own way. A run started again in the same folder resumes from the newest checkpoint:
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
-import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -34,11 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-CHECKPOINTS = "checkpoints"
-#: written into a checkpoint folder once ``save_state`` has returned: a folder without it was cut short (a killed run)
-COMPLETE = "rope_ext_complete"
-_CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
-
+from rope_ext.runs.folder import COMPLETE, drop_incomplete, latest_checkpoint, prune_checkpoints
 
 @dataclass
 class Progress:
@@ -59,27 +54,6 @@ class Progress:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value)
-
-
-def _checkpoints(out: str | Path) -> list[tuple[int, Path, bool]]:
-    folder = Path(out) / CHECKPOINTS
-    if not folder.is_dir():
-        return []
-    return sorted((int(m[1]), p, (p / COMPLETE).is_file()) for p in folder.iterdir()
-                  if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
-
-
-def latest_checkpoint(out: str | Path) -> Path | None:
-    """The newest complete ``checkpoints/checkpoint_N`` folder of a run folder, or ``None``."""
-    complete = [path for _, path, done in _checkpoints(out) if done]
-    return complete[-1] if complete else None
-
-
-def _drop_incomplete(out: Path) -> None:
-    """Checkpoint folders a killed run left half-written (no ``COMPLETE`` marker) are removed."""
-    for _, path, done in _checkpoints(out):
-        if not done:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def make_optimizer(model: nn.Module, config: Any) -> torch.optim.Optimizer:
@@ -120,9 +94,8 @@ def run_training(
         accelerator = Accelerator(
             gradient_accumulation_steps=config.accumulation,
             mixed_precision=config.mixed_precision,
-            project_config=ProjectConfiguration(
-                project_dir=str(out), automatic_checkpoint_naming=True, total_limit=config.keep_checkpoints
-            ),
+            # (no total_limit: the loop removes old checkpoints itself, once the new one is complete)
+            project_config=ProjectConfiguration(project_dir=str(out), automatic_checkpoint_naming=True),
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         )
     processes = accelerator.num_processes
@@ -154,12 +127,11 @@ def run_training(
     ]
     try:
         if accelerator.is_main_process:
-            _drop_incomplete(out)
+            drop_incomplete(out)
         accelerator.wait_for_everyone()
         resumed = latest_checkpoint(out)
         if resumed is not None:
             accelerator.load_state(str(resumed))
-            accelerator.project_configuration.iteration = int(_CHECKPOINT.match(resumed.name)[1]) + 1
             if progress.processes and progress.processes != processes:
                 raise ValueError(
                     f"{resumed} was written by a run on {progress.processes} process(es); this one has {processes}, "
@@ -261,10 +233,12 @@ def _loop(model, loader, optimizer, scheduler, collate, config, out, accelerator
                 progress.evals.append({"step": progress.step, **_evaluate(model, evaluate)})
                 bar.write(f"step {progress.step}: {progress.evals[-1]}")
             if config.save_every and (progress.step % config.save_every == 0 or progress.step == config.max_steps):
+                accelerator.project_configuration.iteration = progress.step  # (checkpoints/checkpoint_<step>)
                 saved = accelerator.save_state()  # (the last step too: a larger --max-steps continues from it)
                 accelerator.wait_for_everyone()
                 if accelerator.is_main_process:
                     (Path(saved) / COMPLETE).write_text(f"step {progress.step}\n")
+                    prune_checkpoints(out, config.keep_checkpoints)
             if accelerator.is_main_process and (progress.step % config.log_every == 0 or progress.step == config.max_steps):
                 write_log(out, progress)
             if on_step is not None:
@@ -331,10 +305,6 @@ def write_log(out: str | Path, progress: Progress) -> None:
             writer = csv.DictWriter(handle, fieldnames=columns)
             writer.writeheader()
             writer.writerows(progress.log)
-
-
-def remove_checkpoints(out: str | Path) -> None:
-    shutil.rmtree(Path(out) / CHECKPOINTS, ignore_errors=True)
 
 
 def step_time_summary(progress: Progress) -> dict[str, float]:

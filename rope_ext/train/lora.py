@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from rope_ext.installers.params import PARAMS_ATTR, container_of
+from rope_ext.runs.models import quiet_peft
 
 TASK_TYPE = "CAUSAL_LM"
 
@@ -37,10 +38,10 @@ def linear_names(model: nn.Module) -> list[str]:
 def default_targets(model: nn.Module) -> list[str]:
     """The linear layers of the family's attention modules; else peft's table for the model type (``model``
     unpatched: a family locates its sites on the model as transformers built it)."""
-    from rope_ext.core import _anchor
+    from rope_ext.core import anchor_of
     from rope_ext.families import find_family
 
-    anchor = _anchor(model)
+    anchor = anchor_of(model)
     try:
         sites = find_family(anchor).locate(anchor).get("attention")
     except ValueError:
@@ -117,7 +118,8 @@ def lora_model(model: nn.Module, r: int, alpha: float, dropout: float, targets: 
         modules_to_save=saved or None, task_type=TASK_TYPE,
         ensure_weight_tying=tied and "embeddings" in trainable,
     )
-    return get_peft_model(model, config)
+    with quiet_peft():
+        return get_peft_model(model, config)
 
 
 def count_parameters(model: nn.Module) -> dict[str, Any]:

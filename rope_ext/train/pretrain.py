@@ -8,7 +8,8 @@ each encoding: GPT-2 with its learned table (``--window`` rows) or with a bias (
 back as trained, and ``rope-ext eval ppl --model out --methods saved,...`` evaluates it (``saved``: as trained).
 
 The output folder (``TrainConfig.out``): ``config.json`` and ``model.safetensors`` (with the ``rope_ext`` block and
-the patch's own parameters), the tokenizer (the default model's), ``train.json`` (what ran), ``train_config.json``
+the patch's own parameters), the tokenizer (``--tokenizer``; the default model's by default), ``train.json`` (what
+ran), ``train_config.json``
 (the options: a re-run resumes only with the same ones), ``loss.json``/``loss.csv``/``loss.png``, a model card
 (``README.md``) and ``checkpoints/`` while unfinished.
 """
@@ -22,13 +23,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from rope_ext.train.config import TrainConfig
-from rope_ext.train.finetune import INPUTS_FILE
+from rope_ext.core import get_patch, patch
+from rope_ext.eval.data import load_documents
+from rope_ext.eval.objectives import with_objective_tokens
+from rope_ext.runs.folder import TRAIN_CONFIG_FILE, TRAIN_RUN_FILE, check_folder, complete_run, resolved
+from rope_ext.runs.models import load_tokenizer
+from rope_ext.train.config import TrainConfig, methods_of
+from rope_ext.train.data import Collator, ObjectiveCollator, WindowDataset, run_text
+from rope_ext.train.lora import count_parameters
+from rope_ext.train.loop import begin_run
+from rope_ext.train.run import run_record, train_into_folder
 
-RUN_FILE = "train.json"
-CONFIG_FILE = "train_config.json"
-_OUTPUTS = ("model.safetensors", "config.json", "generation_config.json", RUN_FILE, CONFIG_FILE, INPUTS_FILE,
-            "loss.json", "loss.csv", "loss.png", "README.md")
+RUN_FILE = TRAIN_RUN_FILE
+CONFIG_FILE = TRAIN_CONFIG_FILE
 
 
 def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
@@ -67,7 +74,9 @@ def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
             n_head=config.heads, n_inner=config.mlp_size, resid_pdrop=config.dropout, embd_pdrop=config.dropout,
             attn_pdrop=config.dropout, tie_word_embeddings=True, attn_implementation="sdpa", **special,
         )
-        return GPT2LMHeadModel(model_config)
+        model = GPT2LMHeadModel(model_config)
+        model.loss_type = "ForCausalLM"  # (transformers' fallback for a class name no loss matches, without its warning)
+        return model
     model_config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=config.hidden, intermediate_size=config.mlp_size,
         num_hidden_layers=config.layers, num_attention_heads=config.heads,
@@ -80,24 +89,24 @@ def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
 
 def prepare(config: TrainConfig) -> dict[str, Any]:
     """Every check and everything loaded, before anything is written: the data, the model built and patched."""
-    from rope_ext.core import patch
-    from rope_ext.eval.data import load_documents
-    from rope_ext.models import load_default_tokenizer
-    from rope_ext.eval.objectives import with_objective_tokens
-    from rope_ext.train.data import Collator, ObjectiveCollator, WindowDataset, run_text
-    from rope_ext.train.finetune import _methods
-    from rope_ext.train.lora import count_parameters
-    from rope_ext.train.loop import begin_run
 
     begin_run(config)
     data = load_documents(config.dataset, config.text_files, config.split, config.text_column)
-    tokenizer = load_default_tokenizer()
-    text, windows = run_text(config, tokenizer, data)
+    try:
+        tokenizer = load_tokenizer(config.tokenizer)
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"--tokenizer {config.tokenizer!r}: cannot load it ({reason}); give 'default', a folder "
+                         "holding a tokenizer, or a hub id (downloading needs HF_HUB_OFFLINE unset)") from None
     objective = config.objective
+    if objective == "span-corruption" and tokenizer.eos_token_id is None:
+        raise ValueError(f"--tokenizer {config.tokenizer!r} has no end-of-sequence token, which T5's span corruption "
+                         "ends its inputs and targets with; give a tokenizer with an eos_token")
+    text, windows = run_text(config, tokenizer, data)
     if objective != "fixed":  # (added after the text is cut: the corpus holds none of the new tokens)
         with_objective_tokens(tokenizer, objective)
     model = build_model(config, tokenizer)
-    methods = _methods(config)
+    methods = methods_of(config)
     if methods:
         try:
             patch(model, methods)
@@ -127,11 +136,10 @@ class TrainRun:
 
 def train(config: TrainConfig, *, overwrite: bool = False, on_step=None) -> TrainRun:
     """Train (or resume) a model from scratch into ``config.out``."""
-    from rope_ext.train.finetune import _complete_run, check_folder, train_into_folder
 
     config.check()
     resumed = check_folder(config, overwrite, CONFIG_FILE, "rope-ext train")
-    done = _complete_run(config, resumed, RUN_FILE)
+    done = complete_run(config, resumed, RUN_FILE)
     if done is not None:
         return TrainRun(done, None)
     parts = prepare(config)
@@ -147,20 +155,20 @@ def train(config: TrainConfig, *, overwrite: bool = False, on_step=None) -> Trai
         (out / "README.md").write_text(model_card(record))
         return record
 
-    record, model = train_into_folder(config, parts, resumed, overwrite, _OUTPUTS, CONFIG_FILE, RUN_FILE, say, save,
+    record, model = train_into_folder(config, parts, resumed, overwrite, CONFIG_FILE, RUN_FILE, say, save,
                                       on_step)
     return TrainRun(record, model.eval())
 
 
 def _record(config: TrainConfig, parts: dict[str, Any], progress: Any, processes: int) -> dict[str, Any]:
-    from rope_ext.core import get_patch
-    from rope_ext.train.finetune import run_record
 
     patch_in_use = get_patch(parts["model"], resolved=True) if config.methods != "none" else None
     configs = patch_in_use if isinstance(patch_in_use, tuple) else [patch_in_use] if patch_in_use else []
     return {
         "architecture": config.architecture,
         "methods": config.methods,
+        "tokenizer": resolved(config.tokenizer),
+        "vocab_size": len(parts["tokenizer"]),
         "patch": [c.to_dict() for c in configs],
         "window": config.window,
         "layers": config.layers,
@@ -181,7 +189,7 @@ def model_card(record: dict[str, Any]) -> str:
         f"# A small {record['architecture']} trained by `rope-ext train`"
         f"{'' if methods == 'none' else ' under `' + methods + '`'}\n\n"
         f"- {record['parameters']['total']:,} parameters: {record['layers']} layers, {record['heads']} heads, hidden "
-        f"{record['hidden']}, MLP {record['intermediate']}; the default model's tokenizer (SmolLM2).\n"
+        f"{record['hidden']}, MLP {record['intermediate']}; {tokenizer_words(record)}.\n"
         f"- Trained from scratch at {record['window']} tokens for {record['steps']} steps "
         f"({record['tokens_per_step']:,} tokens per step, {record['train_seconds']:.0f} s on "
         f"{record['processes']} process(es)), seed {record['seed']}; final training loss {record['final_loss']:.4f}.\n"
@@ -191,6 +199,15 @@ def model_card(record: dict[str, Any]) -> str:
            "its parameters, if any, under `rope_ext.` in the weights)")
         + ".\n\n" + last
         + "\nLoad it with `rope_ext.from_pretrained(folder)`; evaluate it past its window with "
-        "`rope-ext eval ppl --model folder --methods saved,...` (`saved`: as trained; `none`: the architecture's own "
-        "positions; other methods: applied to the unpatched model).\n"
+        + ("`rope-ext eval ppl --model folder --methods saved,...` (`saved`, the default there: as trained; `none`: the "
+           "architecture's own positions; other methods: applied to the unpatched model).\n" if record["patch"] else
+           "`rope-ext eval ppl --model folder --methods none,...` (`none`: as trained, the architecture's own "
+           "positions; other methods: applied to it).\n")
     )
+
+
+def tokenizer_words(record: dict[str, Any]) -> str:
+    """The card's words for the run's tokenizer (a record without one: the default model's)."""
+    name = record.get("tokenizer", "default")
+    size = f", {record['vocab_size']:,} tokens" if "vocab_size" in record else ""
+    return f"the default model's tokenizer (SmolLM2{size})" if name == "default" else f"the tokenizer of `{name}`{size}"

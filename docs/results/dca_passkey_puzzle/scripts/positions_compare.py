@@ -7,7 +7,7 @@ import math
 import torch
 import frozen_import  # noqa: F401
 
-from rope_ext.methods.attention import DualChunkConfig
+from rope_ext.methods import DualChunkConfig
 
 L, N = 8192, 16384
 cfg = DualChunkConfig(chunk_size=8192).resolved(L)

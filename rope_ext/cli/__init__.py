@@ -1,0 +1,176 @@
+"""``rope-ext``: evaluate context-extension methods, plot results, list methods and families.
+
+    rope-ext eval ppl --model default --methods none,yarn:factor=4 --lengths 2k,4k,8k,16k --out results/run1
+    rope-ext eval passkey --methods none,yarn:factor=2 --lengths 4k,8k,12k --depths 0.1,0.5,0.9 --out results/run1
+    rope-ext plot results/run1
+
+Method specs: name[:key=value...], methods of different hook kinds combined with '+' (a+b:key=value), or
+'none' (the unpatched model); values are JSON (4, 1.5, true, null, [1,1.5,2]) or else plain strings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from rope_ext.cli.evaluate import cmd_eval_passkey, cmd_eval_ppl, cmd_plot
+from rope_ext.cli.listing import cmd_families, cmd_methods
+from rope_ext.cli.options import (
+    MAX_TRIALS,
+    Parser,
+    UsageError,
+    add_model_options,
+    config_parser,
+    dataset_name,
+    file_list,
+    int_at_least,
+    min_tokens,
+    nonempty,
+    option,
+    parse_depths,
+    seed,
+    writable_folder,
+)
+from rope_ext.cli.training import cmd_finetune, cmd_merge, cmd_train
+from rope_ext.eval.plan import PROTOCOLS
+from rope_ext.train.config import FinetuneConfig, TrainConfig
+
+# The main job (`make demo`): ~10 minutes of forwards on a 2-core CPU (fp32 forwards of the default model take
+# ~10 s at 4k, ~30 s at 8k, ~65 s at 12k). PI (~3x worse at every length without fine-tuning) and the 2k
+# column (flat, like 4k) are left to `--methods` / `--lengths`; 12k shows what happens past the native 8192.
+# DCA is the attention method with the lowest fixed-target perplexity at 32k (README, "Attention methods:
+# quality").
+DEFAULT_METHODS = "none,yarn:factor=2,dynamic_ntk:factor=2,dca"
+DEFAULT_LENGTHS = "4k,8k,12k"
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="rope-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    methods = sub.add_parser(
+        "methods", help="list the registered methods; with a NAME, its options, their defaults and its documentation"
+    )
+    methods.add_argument("name", nargs="?", help="a method: its options (types, defaults) and documentation")
+    methods.set_defaults(func=cmd_methods)
+    sub.add_parser("families", help="list the supported model families").set_defaults(func=cmd_families)
+
+    evaluate = sub.add_parser("eval", help="evaluate methods").add_subparsers(dest="evaluation", required=True)
+    ppl = evaluate.add_parser("ppl", help="perplexity vs context length")
+    add_model_options(ppl, DEFAULT_METHODS, DEFAULT_LENGTHS, "results/main")
+    ppl.add_argument(
+        "--protocol", choices=PROTOCOLS, default=None,
+        help="fixed, curve or sliding (causal LMs; default fixed), masked-lm (DeBERTa and other masked LMs), "
+        "span-corruption (T5); default: the model's first",
+    )
+    ppl.add_argument(
+        "--target-tokens", type=int_at_least(1), default=1024,
+        help="fixed protocol: tokens scored; masked-lm and span-corruption: the tokens masked or corrupted in "
+        "(default: %(default)s)",
+    )
+    ppl.add_argument(
+        "--stride", type=int_at_least(1), default=256, help="sliding protocol: window stride (default: %(default)s)"
+    )
+    data = ppl.add_mutually_exclusive_group()
+    data.add_argument(
+        "--dataset", type=option(dataset_name),
+        help="a folder saved with Dataset.save_to_disk, or a hub dataset name (online)",
+    )
+    data.add_argument(
+        "--text-files", nargs="+", type=option(file_list),
+        help="plain-text files (UTF-8), one document each; comma- or space-separated"
+    )
+    ppl.add_argument("--split", type=option(nonempty), help="--dataset's split (default: train)")
+    ppl.add_argument("--text-column", type=option(nonempty), help="--dataset's text column (default: text)")
+    ppl.add_argument(
+        "--min-tokens", type=option(min_tokens), default=None,
+        help="keep documents at least this long (default: the longest length, with the results folder's when "
+        "resuming: every document provides every length)",
+    )
+    ppl.add_argument(
+        "--documents", type=int_at_least(1), default=1, help="at most this many documents, longest first (default: 1)"
+    )
+    ppl.set_defaults(func=cmd_eval_ppl)
+
+    passkey = evaluate.add_parser("passkey", help="passkey retrieval over a length x depth grid")
+    add_model_options(passkey, "none,yarn:factor=2,dynamic_ntk:factor=2", "4k,8k,12k", "results/passkey")
+    passkey.add_argument(
+        "--depths", type=option(parse_depths), default="0.1,0.5,0.9", help="relative key positions in [0, 1] "
+        "(default: %(default)s)"
+    )
+    passkey.add_argument(
+        "--trials", type=int_at_least(1, MAX_TRIALS), default=2, help="keys per cell (default: %(default)s)"
+    )
+    passkey.add_argument("--seed", type=option(seed), default=0, help="chooses the keys (default: %(default)s)")
+    passkey.set_defaults(func=cmd_eval_passkey)
+
+    tune = sub.add_parser(
+        "finetune", parents=[config_parser(FinetuneConfig)], help="fine-tune a patched model for a longer context (LoRA via peft, PoSE, S2-Attn; accelerate)",
+        description="Fine-tune a patched model (rope_ext.train). Options come from --config (YAML) and flags; a re-run "
+        "with the same options resumes from the folder's newest checkpoint. Runs under `accelerate launch` as well.",
+    )
+    tune.set_defaults(func=cmd_finetune)
+
+    training = sub.add_parser(
+        "train", parents=[config_parser(TrainConfig)], help="train a small model from scratch under a position method (GPT-2, Llama, T5 or DeBERTa; accelerate)",
+        description="Train a small model built from a config (rope_ext.train.pretrain: GPT-2, Llama, T5 or DeBERTa) "
+        "under a position method "
+        "(alibi, kerple, sandwich, fire, xpos...), to test it past its training length. Options come from --config "
+        "(YAML) and flags; a re-run with the same options resumes. Runs under `accelerate launch` as well.",
+    )
+    training.set_defaults(func=cmd_train)
+
+    merging = sub.add_parser("merge", help="merge a fine-tune's LoRA adapter into its base: a standalone patched model")
+    merging.add_argument("folder", type=option(nonempty), help="the --out folder of rope-ext finetune")
+    merging.add_argument("out", type=option(writable_folder), help="where the merged model is written")
+    merging.add_argument("--overwrite", action="store_true", help="write into a folder that is not empty")
+    merging.set_defaults(func=cmd_merge)
+
+    plot = sub.add_parser("plot", help="draw the plots of a results folder")
+    plot.add_argument("results", type=option(nonempty), help="a results folder (the --out of rope-ext eval)")
+    plot.set_defaults(func=cmd_plot)
+    return parser
+
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe (``rope-ext families | head -1``): send what is left to /dev/null, so the
+    interpreter's final flush does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+#: what an interrupted command keeps, by command
+CHECKPOINT_KEPT = "the newest checkpoint (checkpoints/, every --save-every steps) is kept: re-run the same command to " \
+                  "resume from it"
+INTERRUPTED = {"finetune": CHECKPOINT_KEPT, "train": CHECKPOINT_KEPT,
+               "eval": "records written so far are kept: re-run to resume"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return 128 + getattr(signal, "SIGPIPE", 13)  # what the shell reports for a tool killed by SIGPIPE
+    except KeyboardInterrupt:
+        kept = INTERRUPTED.get(getattr(args, "command", None))
+        print(f"rope-ext: interrupted{f' ({kept})' if kept else ''}", file=sys.stderr)
+        return 130
+    except (UsageError, ValueError, OSError) as error:
+        print(f"rope-ext: error: {error}", file=sys.stderr)
+        return 2
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""``rope-ext eval ppl``, ``rope-ext eval passkey`` and ``rope-ext plot``: the evaluation planned
+(``rope_ext.eval.plan``), run (``rope_ext.eval.run``) into a resumable folder (``rope_ext.runs.results``), printed
+and plotted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rope_ext.eval.data import load_documents, tokenize_documents
+from rope_ext.eval.passkey import prompt_overhead
+from rope_ext.eval.plan import (
+    PPL_LABELS,
+    PPL_MAY_CHANGE,
+    check_ppl_options,
+    common_run_config,
+    load_for_evaluation,
+    normalised,
+    perplexity_run,
+    same_targets_config,
+    site_options_of,
+)
+from rope_ext.eval.plot import plot_run
+from rope_ext.eval.run import added_lengths_problem, check_methods, folder_lengths, run_passkey, run_perplexity
+from rope_ext.runs.folder import writable_folder
+from rope_ext.runs.results import ResultStore
+from rope_ext.runs.saved import SavedPatch, saved_with_patch
+from rope_ext.runs.specs import parse_methods
+
+
+def check_out(out: str) -> None:
+    writable_folder(out)
+
+
+def choose_methods(args: argparse.Namespace) -> None:
+    """``--methods`` left out: ``saved`` on a local model folder saved with a patch (a fine-tune, a ``rope-ext train``
+    run: evaluated as trained), else the command's default list."""
+    if args.methods is not None:
+        return
+    if saved_with_patch(args.model):
+        args.methods = parse_methods(SavedPatch.SPEC)
+        print(f"--methods saved: {args.model} was saved with a patch, evaluated as trained (give --methods to compare "
+              "others, e.g. --methods saved,none)")
+    else:
+        args.methods = parse_methods(args.default_methods)
+
+
+def print_table(rows: list[dict], value: str, fmt: str, title: str) -> None:
+    print(f"\n{title}")
+    if not rows:
+        print("(no results)")
+        return
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    lengths = sorted({row["length"] for row in rows})
+    cell = {(row["method"], row["length"]): row[value] for row in rows}
+    width = max(12, *(len(m) for m in methods))
+    print(f"{'method':{width}s} " + " ".join(f"{L:>8d}" for L in lengths))
+    for method in methods:
+        values = [cell.get((method, L)) for L in lengths]
+        print(f"{method:{width}s} " + " ".join(f"{v:>8{fmt}}" if v is not None else f"{'-':>8s}" for v in values))
+
+
+def finish(args: argparse.Namespace, out: Path) -> None:
+    print(f"\nresults: {out}/")
+    if not args.no_plot:
+        for path in plot_run(out):
+            print(f"plot written to {path}")
+
+
+def cmd_eval_ppl(args: argparse.Namespace) -> int:
+    # every check before anything is written: a failed run must not leave a configuration behind
+    check_ppl_options(args)
+    check_out(args.out)
+    if args.text_files:  # (comma- or space-separated)
+        args.text_files = [name for group in args.text_files for name in ([group] if isinstance(group, str) else group)]
+    choose_methods(args)
+    site_options = site_options_of(args)  # (checked before the model loads)
+    given = [option for option, value in (("--split", args.split), ("--text-column", args.text_column)) if value]
+    if given and not args.dataset:
+        raise ValueError(f"{' and '.join(given)}: only for --dataset (text files and the default corpus have neither)")
+    args.text_column = args.text_column or "text"
+    store = ResultStore(args.out, "ppl", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
+    data = load_documents(args.dataset, args.text_files, args.split, args.text_column)
+    model, tokenizer, native = load_for_evaluation(args)
+    every = tokenize_documents(data, tokenizer)
+    lengths = args.lengths
+    # resuming: the folder's lengths decide the targets with this run's, so that lengths can be added alone
+    folder = folder_lengths(store.previous, store.records()) if same_targets_config(store.previous, args) else []
+    target_lengths = sorted({*lengths, *folder})
+    documents, run_config = perplexity_run(args, every, target_lengths, native)
+    store.configure(run_config, may_change=PPL_MAY_CHANGE, normalise=normalised, unchecked=("document_sha256",),
+                    labels=PPL_LABELS)
+    if folder and not store.stale:
+        problem = added_lengths_problem(documents, folder, lengths, args.protocol, args.target_tokens)
+        if problem:
+            store.refuse(problem)
+    if folder and store.stale:  # --overwrite: this run's lengths alone
+        target_lengths = lengths
+        documents, run_config = perplexity_run(args, every, target_lengths, native)
+        store.configure(run_config)
+    check_methods(model, args.methods, site_options, longest=max(lengths))
+    print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
+    if set(target_lengths) != set(lengths):
+        print(
+            f"resuming {args.out}: the positions scored follow its lengths with this run's "
+            f"({','.join(map(str, target_lengths))}); evaluating {','.join(map(str, lengths))}"
+        )
+    summary = run_perplexity(
+        model,
+        documents,
+        args.methods,
+        lengths,
+        store,
+        protocol=args.protocol,
+        target_tokens=args.target_tokens,
+        stride=args.stride,
+        site_options=site_options,
+        target_lengths=target_lengths,
+        tokenizer=tokenizer,
+    )
+    context = "no stated native context" if native is None else f"native context {native}"
+    print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; {context}; this run's methods "
+                 f"and lengths; every record of the folder: {Path(args.out) / 'ppl_summary.csv'})")
+    finish(args, Path(args.out))
+    return 0
+
+
+def cmd_eval_passkey(args: argparse.Namespace) -> int:
+    check_out(args.out)
+    choose_methods(args)
+    site_options = site_options_of(args)  # (checked before the model loads)
+    store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
+    model, tokenizer, native = load_for_evaluation(args)
+    overhead = prompt_overhead(tokenizer)
+    if args.lengths[0] < overhead:
+        raise ValueError(
+            f"--lengths: length {args.lengths[0]} is too short for the passkey prompt ({overhead} tokens before "
+            "any filler)"
+        )
+    check_methods(model, args.methods, site_options, longest=max(args.lengths))
+    run_config = common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
+    store.configure(run_config, may_change=("model_name",), normalise=normalised)
+    summary = run_passkey(
+        model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
+        site_options=site_options,
+    )
+    by_length: dict[tuple, list[float]] = {}
+    for row in summary:
+        by_length.setdefault((row["method"], row["length"]), []).append(row["accuracy"])
+    rows = [{"method": m, "length": L, "accuracy": sum(v) / len(v)} for (m, L), v in by_length.items()]
+    print_table(rows, "accuracy", ".0%", f"passkey accuracy, mean over depths {args.depths} x {args.trials} trial(s)")
+    finish(args, Path(args.out))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    folder = Path(args.results)
+    if not folder.exists():
+        raise FileNotFoundError(f"{args.results}: no such folder; give a results folder (the --out of rope-ext eval)")
+    if not folder.is_dir():
+        raise ValueError(f"{args.results} is a file; give a results folder (the --out of rope-ext eval)")
+    found = [folder / name for name in ("ppl.json", "passkey.json") if (folder / name).exists()]
+    empty = []
+    for path in found:
+        try:
+            summary = json.loads(path.read_text()).get("summary")
+        except (ValueError, AttributeError):
+            break  # (plot_run names a file rope-ext did not write)
+        if isinstance(summary, list) and not summary:
+            empty.append(path.name)
+    if found and len(empty) == len(found):
+        raise ValueError(
+            f"{' and '.join(empty)} in {args.results} {'hold' if len(empty) > 1 else 'holds'} no results (an empty "
+            "summary): nothing to plot; "
+            "run `rope-ext eval ...` into it first"
+        )
+    for path in plot_run(args.results):
+        print(f"plot written to {path}")
+    return 0
+

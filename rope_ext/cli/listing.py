@@ -1,0 +1,102 @@
+"""``rope-ext methods`` and ``rope-ext families``: what is registered, and what fits which family."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+
+from rope_ext.families import listing
+from rope_ext.methods import get_method_class, list_methods
+from rope_ext.methods.options import CHECK
+
+
+def method_doc(cls: type) -> str:
+    """A method config's docstring; for a config without one, its entry in its module's docstring
+    (``* ``name`` -- ...``); dataclasses' generated ``Name(field: type = ...)`` is no documentation."""
+    doc = cls.__doc__ or ""
+    if doc.startswith(f"{cls.__name__}("):
+        doc = ""
+    if not doc.strip():
+        module = inspect.getmodule(cls)
+        pattern = rf"^\* ``{re.escape(cls.method)}`` -- (.*?)(?=^\* |^\S|\Z)"
+        match = re.search(pattern, (module.__doc__ or "") if module else "", flags=re.MULTILINE | re.DOTALL)
+        doc = match[1] if match else ""
+        if not doc and module is not None and own_module(cls, module):
+            doc = module.__doc__ or ""  # (a module of one method: its docstring is the method's)
+    return inspect.cleandoc(doc) if doc.strip() else ""
+
+
+def own_module(cls: type, module: object) -> bool:
+    """Whether ``cls`` is the one registered method config its module defines."""
+    names = set(list_methods())
+    defined = [value for value in vars(module).values() if isinstance(value, type)
+               and value.__module__ == module.__name__ and getattr(value, "method", None) in names]
+    return defined == [cls]
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring on one line, without reST's double backquotes."""
+    text = " ".join(doc.split()).replace("``", "")
+    if not text:
+        return "(no description)"
+    match = re.search(r"(?<=[.:])\s(?=[A-Z(])", text)
+    return text[: match.start()].rstrip(":") if match else text
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    if args.name is None:
+        names = list_methods()
+        width = max(len(name) for name in names) + 2
+        for name in names:
+            cls = get_method_class(name)
+            print(f"{name:{width}s}{cls.hook:12s} {first_sentence(method_doc(cls))}")
+        print("\n`rope-ext methods NAME`: a method's options, their types and defaults, and its documentation")
+        return 0
+    cls = get_method_class(args.name.strip())  # (unknown: ValueError naming the valid methods)
+    print(f"{cls.method} (hook kind: {cls.hook})\n")
+    doc = method_doc(cls)
+    if doc:
+        print(doc + "\n")
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    rows = []
+    for name in cls.option_names():
+        field = fields[name]
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+        if name == "factor" and hasattr(cls, "default_factor"):  # (frequency methods: required, or a default)
+            kind, default = "float", cls.default_factor if cls.default_factor is not None else dataclasses.MISSING
+        if default is dataclasses.MISSING or name in cls.required_options or refuses_none(field, default):
+            shown = "(required)"
+        elif default is None:
+            shown = "None: derived when patching (from the model's context and the other options)"
+        else:
+            shown = repr(default)
+        rows.append((name, kind, shown))
+    print("options (set in a spec as name:option=value):")
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for name, kind, shown in rows:
+        print(f"  {name:{widths[0]}s}  {kind:{widths[1]}s}  {shown}")
+    return 0
+
+
+def refuses_none(field: dataclasses.Field, default: object) -> bool:
+    """Whether an option's ``None`` default is "not given" and refused (its declared check is not optional), rather
+    than derived when patching."""
+    check = field.metadata.get(CHECK)
+    return default is None and check is not None and not getattr(check, "optional", True)
+
+
+def cmd_families(args: argparse.Namespace) -> int:
+    """Each family (per group of model types where they differ), its hook kinds and the methods that fit: the
+    support predicate ``patch`` checks (``rope_ext.families.support``)."""
+    for line in listing():
+        print(line)
+    return 0
+

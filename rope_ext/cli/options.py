@@ -1,0 +1,233 @@
+"""The command line's option values and parser pieces: argparse types whose messages reach the user, the options
+every evaluation takes, and one flag per field of a run configuration."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from rope_ext.runs.folder import writable_folder
+from rope_ext.runs.specs import parse_methods
+from rope_ext.runs.values import PARSERS, field_kinds, nonempty
+from rope_ext.train.config import MAX_THREADS
+
+DTYPES = ("float32", "bfloat16", "float16")
+MAX_TRIALS = 10_000  # keys per cell: more is a typo, not a run
+
+
+# --- option values ----------------------------------------------------------------------------------
+
+
+def parse_depths(text: str) -> list[float]:
+    depths = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            depth = float(part)
+        except ValueError:
+            depth = math.nan
+        if not 0 <= depth <= 1:
+            raise ValueError(f"malformed depth {part!r}; give comma-separated numbers in [0, 1], e.g. 0.1,0.5,0.9")
+        depths.add(depth)
+    if not depths:
+        raise ValueError("give at least one depth in [0, 1], e.g. 0.1,0.5,0.9")
+    return sorted(depths)
+
+
+def layer_type_list(text: str) -> list[str]:
+    layer_types = [part.strip() for part in text.split(",") if part.strip()]
+    if not layer_types:
+        raise ValueError("give at least one layer type, e.g. full_attention,sliding_attention")
+    return layer_types
+
+
+def length_list(text: str) -> list[int]:
+    from rope_ext.runs.values import parse_lengths
+
+    return parse_lengths(text)
+
+
+def min_tokens(text: str) -> int:
+    from rope_ext.runs.values import parse_length
+
+    return 0 if text.strip() == "0" else parse_length(text)
+
+
+
+
+def file_list(text: str) -> list[str]:
+    """Comma-separated files (a flag with ``nargs="+"`` also takes them space-separated)."""
+    files = [part.strip() for part in text.split(",") if part.strip()]
+    if not files:
+        raise ValueError("must not be empty; give files, comma- or space-separated")
+    return files
+
+
+def model_name_or_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty; give 'default', a folder written by save_pretrained, or a hub id")
+    if text != "default" and os.path.exists(text) and not os.path.isdir(text):
+        raise ValueError(f"{text!r} is a file; give 'default', a folder written by save_pretrained, or a hub id")
+    return text
+
+
+def dataset_name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty; give a folder written by Dataset.save_to_disk, or a hub dataset name")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise ValueError(
+            f"{text!r} is a file; give a folder written by Dataset.save_to_disk (or a hub dataset name), or the "
+            "file to --text-files"
+        )
+    return text
+
+
+def option(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` whose ``ValueError`` message reaches the user (argparse would replace it)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__.strip("_")
+    return convert
+
+
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {text!r}")
+        return value
+
+    convert.__name__ = f"integer >= {low}"
+    return convert
+
+
+def seed(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"must be an integer, got {text!r}") from None
+
+
+def config_fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def config_parser(cls: type) -> argparse.ArgumentParser:
+    """A parent parser with one flag per field of the run configuration ``cls`` (``FinetuneConfig``,
+    ``TrainConfig``), built by transformers' ``HfArgumentParser`` from the fields (names, help, choices, booleans,
+    lists), then given rope_ext's value types (``rope_ext.runs.values``: 4k = 4096, comma-separated lists, messages
+    that reach the user) and ``None`` defaults: a flag left out keeps the YAML file's value, else the field's default
+    (shown in the help)."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(cls, add_help=False)
+    parser.add_argument("--config", type=option(nonempty), action=Once,
+                        help="a YAML file of options (flags given here override it)")
+    parser.add_argument("--overwrite", action="store_true", help="start again in a folder of another run")
+    kinds = field_kinds(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for action in parser._actions:
+        if action.dest not in fields or action.option_strings[0].startswith("--no"):
+            continue
+        f, (kind, _) = fields[action.dest], kinds[action.dest]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = ",".join(default) if isinstance(default, list) else default
+        if "default" not in (action.help or ""):
+            action.help = f"{action.help or ''} (default: {shown})"
+        if kind == "list":
+            action.help += "; comma- or space-separated"
+            action.choices = None  # (each name is checked with the configuration)
+        if kind in PARSERS:
+            action.type = option(PARSERS[kind])
+        action.default = None
+    return parser
+
+
+def config_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The values of ``cls``'s flags as parsed (``None``: not given); a list's comma-separated groups joined."""
+    flags = {name: getattr(args, name) for name in config_fields(cls)}
+    return {name: [n for group in value for n in group] if isinstance(value, list) and value
+            and isinstance(value[0], list) else value for name, value in flags.items()}
+
+
+class Once(argparse.Action):
+    """An option given at most once (a second ``--config`` would silently replace the first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, self.dest) is not None:
+            raise argparse.ArgumentError(self, "given twice; give one file (flags override it)")
+        setattr(namespace, self.dest, values)
+
+
+
+
+
+
+
+
+# --- parser -----------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """Reports bad arguments the way ``main`` reports every error: ``rope-ext: error: ...``, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: str, out: str) -> None:
+    parser.add_argument(
+        "--model", type=option(model_name_or_path), default="default",
+        help="'default' (embedded SmolLM2-135M), a folder or a hub id (default: default)",
+    )
+    parser.add_argument(
+        "--methods",
+        type=option(parse_methods),
+        default=None,
+        help="comma-separated method specs: name[:key=value...], '+' combines methods, 'none' is the unpatched "
+        f"model, 'saved' the patch a model folder was saved with; values are JSON (default: {methods}; on a local "
+        "folder saved with a patch, such as a fine-tune or a rope-ext train run: saved, as trained)",
+    )
+    parser.set_defaults(default_methods=methods)
+    parser.add_argument(
+        "--lengths", type=option(length_list), default=lengths, help="comma-separated token counts, 4k = 4096 "
+        "(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--replace-scaling", action="store_true",
+        help="let the methods replace the RoPE scaling the checkpoint already has (refused otherwise)",
+    )
+    parser.add_argument(
+        "--layer-types", type=option(layer_type_list), default=None,
+        help="comma-separated layer types to patch on models with several (Gemma 3: default full_attention)",
+    )
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument(
+        "--threads", type=int_at_least(0, MAX_THREADS), default=0, help="torch threads (default 0: torch's choice)"
+    )
+    parser.add_argument("--out", type=option(writable_folder), default=out, help="results folder (default: %(default)s)")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the folder's results where this run cannot resume them (another configuration or document, "
+        "lengths that move the targets, unreadable files)",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="do not plot at the end")

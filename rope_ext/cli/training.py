@@ -1,0 +1,53 @@
+"""``rope-ext finetune``, ``rope-ext train`` and ``rope-ext merge``."""
+
+from __future__ import annotations
+
+import argparse
+
+from rope_ext.cli.options import config_flags
+from rope_ext.runs.models import merge
+from rope_ext.train.config import FinetuneConfig, TrainConfig
+from rope_ext.train.finetune import finetune
+from rope_ext.train.pretrain import train
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    flags = config_flags(args, FinetuneConfig)
+    config = FinetuneConfig.from_sources(args.config, flags)
+    record = finetune(config, overwrite=args.overwrite).record
+    if record:
+        print_run(record)
+        if not config.full:
+            print(f"output: {config.out}/ (rope-ext merge {config.out} OUT: a standalone model)")
+        else:
+            print(f"output: {config.out}/ (a standalone model: rope_ext.from_pretrained({str(config.out)!r}))")
+    return 0
+
+
+def print_run(record: dict) -> None:
+    print(f"\n{record['steps']} steps in {record['train_seconds']:.0f} s; final loss {record['final_loss']:.4f}")
+    for row in record["evals"]:
+        print(f"step {row['step']}: perplexity {row['perplexity']:.3f} ({row['document']}, last {row['target_tokens']} "
+              f"of {row['length']} tokens)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    flags = config_flags(args, TrainConfig)
+    config = TrainConfig.from_sources(args.config, flags)
+    record = train(config, overwrite=args.overwrite).record
+    if record:
+        print_run(record)
+        if record.get("patch"):
+            evaluate = f"--methods saved,...: 'saved' (the default there) evaluates it as trained under {config.methods}"
+        else:
+            evaluate = "--methods none,...: 'none' evaluates it as trained (its architecture's own positions)"
+        print(f"output: {config.out}/ (rope_ext.from_pretrained({str(config.out)!r}); rope-ext eval ppl --model "
+              f"{config.out} {evaluate})")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    path = merge(args.folder, args.out, overwrite=args.overwrite)
+    print(f"merged model written to {path}/ (load it with rope_ext.from_pretrained)")
+    return 0
+

@@ -1,0 +1,206 @@
+"""Planning an evaluation before anything runs: the model loaded and checked against the protocol, the options
+checked together, the documents and target positions chosen, and the run configuration a results folder records.
+
+The functions take the evaluation's options as attributes of one object (``args``: the command line's namespace, or
+any object with the same attributes), so every check happens before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
+from rope_ext.eval.run import plan_targets, target_ends
+from rope_ext.runs.folder import normalised, resolved
+from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
+from rope_ext.runs.saved import keep_saved_patch
+
+__all__ = ["normalised"]
+
+
+def load_for_evaluation(args: argparse.Namespace):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+    except (MissingTokenizer, UnfinishedRun) as error:
+        raise ValueError(f"--model {error}") from None
+    except (OSError, ValueError) as error:
+        if args.model == "default":
+            raise
+        found = "a folder" if Path(args.model).is_dir() else "no such folder, nor a hub model available"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
+            "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
+        ) from None
+    check_protocol(args, model, tokenizer)
+    saved = keep_saved_patch(model, getattr(args, "methods", {}))
+    if saved:  # a folder saved while patched: every method starts from the unpatched model, 'saved' re-applies it
+        print(f"{args.model}: saved with rope_ext patch {'+'.join(c.method for c in saved)}; evaluating from the "
+              "unpatched model ('saved' in --methods: as saved, with its parameters)")
+    # (T5 states no context: its buckets are relative)
+    native = getattr(model.config, "max_position_embeddings", None)
+    return model, tokenizer, native
+
+
+def check_protocol(args: argparse.Namespace, model: Any, tokenizer: Any) -> None:
+    """The evaluation fits the model's objective: passkey and the next-token protocols a causal LM, ``masked-lm`` a
+    masked LM (DeBERTa), ``span-corruption`` T5; ``eval ppl`` without ``--protocol`` takes the model's first."""
+    try:
+        valid = model_protocols(model)
+    except ValueError as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    kind = type(model).__name__
+    if args.evaluation == "passkey":
+        if "fixed" not in valid:
+            raise ValueError(f"--model {args.model!r} is a {kind}, not a causal language model: passkey retrieval "
+                             f"generates the key; evaluate it with rope-ext eval ppl --protocol {valid[0]}")
+        return
+    if args.protocol is None:
+        args.protocol = valid[0]
+        check_ppl_options(args)
+    elif args.protocol not in valid:
+        raise ValueError(f"--protocol {args.protocol}: a {kind} is evaluated with --protocol {' or '.join(valid)}")
+    check_target_tokens(args.protocol, args.target_tokens)
+    rows = absolute_table_rows(model) if args.protocol == "masked-lm" else None
+    framed = sum(part.numel() for part in framing(tokenizer))
+    if rows is not None and max(args.lengths) + framed > rows:
+        also = " ([CLS] and [SEP] included)" if framed else ""
+        raise ValueError(
+            f"--lengths {max(args.lengths)}: this {kind} adds an absolute position table of {rows} rows, which ends "
+            f"there{also}; evaluate lengths up to {rows - framed}"
+        )
+
+
+def model_label(model: str) -> str:
+    if model == "default":
+        return "SmolLM2-135M-Instruct"
+    return Path(os.path.realpath(model)).name if os.path.isdir(model) else model
+
+
+def common_run_config(args: argparse.Namespace, native: int) -> dict:
+    return {
+        "model": resolved(args.model),
+        "model_name": model_label(args.model),
+        "dtype": args.dtype,
+        "native_context": native,
+        "site_options": site_options_of(args),
+    }
+
+
+def site_options_of(args: argparse.Namespace) -> dict:
+    """``rope_ext.patch`` options of the model's sites, given on the command line (refused when no method
+    patches: they would configure nothing, yet be recorded with the run)."""
+    options: dict[str, Any] = {}
+    if args.replace_scaling:
+        options["replace_scaling"] = True
+    if args.layer_types:
+        options["layer_types"] = args.layer_types
+    if options and not any(args.methods.values()):
+        given = " and ".join(f"--{name.replace('_', '-')}" for name in options)
+        raise ValueError(f"{given}: only with a method that patches the model (--methods has only 'none')")
+    return options
+
+
+#: ``rope_ext.eval.perplexity.PROTOCOLS`` (here without importing torch)
+PROTOCOLS = ("fixed", "curve", "sliding", "masked-lm", "span-corruption")
+
+
+#: the protocols that score the last --target-tokens of each length (None: the model's own, every one of them such)
+FIXED_TARGETS = (None, "fixed", "masked-lm", "span-corruption")
+
+
+def fixed_targets(args: argparse.Namespace) -> bool:
+    return args.protocol in FIXED_TARGETS
+
+
+def check_ppl_options(args: argparse.Namespace) -> None:
+    lengths = args.lengths
+    protocol = args.protocol or "fixed-target"  # (None: the model's own, decided once it loads; each is one)
+    if fixed_targets(args) and args.target_tokens >= lengths[-1]:
+        raise ValueError(
+            f"--target-tokens {args.target_tokens} must be smaller than the longest of --lengths ({lengths[-1]}): "
+            f"the {protocol} protocol scores the last --target-tokens tokens of each length"
+        )
+    if fixed_targets(args) and args.target_tokens >= lengths[0]:
+        short = ",".join(str(L) for L in lengths if L <= args.target_tokens)
+        raise ValueError(
+            f"--lengths {short}: not above --target-tokens {args.target_tokens}: the {protocol} protocol scores the "
+            f"last --target-tokens tokens of each length, with context before them; give lengths above "
+            f"{args.target_tokens}, or lower --target-tokens"
+        )
+    if args.protocol == "sliding" and args.stride > lengths[0]:
+        raise ValueError(f"--stride {args.stride} must be at most the shortest of --lengths ({lengths[0]})")
+
+
+def same_targets_config(previous: dict | None, args: argparse.Namespace) -> bool:
+    """Whether a folder's run scored its lengths the way this run would (protocol, target tokens, stride)."""
+    return bool(previous) and (previous.get("protocol"), previous.get("target_tokens"), previous.get("stride")) == (
+        args.protocol,
+        args.target_tokens if fixed_targets(args) else None,
+        args.stride if args.protocol == "sliding" else None,
+    )
+
+
+def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[int], native: int) -> tuple[list, dict]:
+    """The documents of the run and its configuration, for targets decided by ``target_lengths``."""
+    lengths = args.lengths
+    if not every:
+        raise ValueError("the data holds no document")
+    longest = every[0]  # (longest first)
+    also = f" and above --target-tokens {args.target_tokens}" if fixed_targets(args) else ""
+
+    def unfilled(too_long: list[int]) -> ValueError:
+        named = ",".join(map(str, too_long))
+        whose = "" if set(too_long) & set(lengths) else " (the results folder's, which this run resumes)"
+        return ValueError(
+            f"--lengths {named}{whose}: no document is that long (the longest, {longest.title!r}, has "
+            f"{longest.num_tokens} tokens); give lengths up to {longest.num_tokens}{also}, or longer texts"
+        )
+
+    # by default a document must provide the longest length: a short run keeps short documents
+    min_tokens = args.min_tokens if args.min_tokens is not None else max(target_lengths)
+    documents = [d for d in every if d.num_tokens >= min_tokens][: args.documents]
+    if not documents:
+        if args.min_tokens is None:
+            raise unfilled([L for L in target_lengths if L > longest.num_tokens])
+        raise ValueError(
+            f"--min-tokens {min_tokens}: no document has at least {min_tokens} tokens (the longest, "
+            f"{longest.title!r}, has {longest.num_tokens}); lower --min-tokens or give longer texts"
+        )
+    plan = plan_targets(documents, target_lengths, args.protocol, args.target_tokens)
+    missing = [L for L in lengths if not any(L in spans for spans in plan.values())]
+    if missing:  # (a --min-tokens below them): a length no document provides is an error, never a skip
+        raise unfilled(missing)
+    run_config = common_run_config(args, native) | {
+        "kind": "perplexity",
+        "protocol": args.protocol,
+        "target_tokens": args.target_tokens if fixed_targets(args) else None,
+        "stride": args.stride if args.protocol == "sliding" else None,
+        "dataset": resolved(args.dataset) or ("text files" if args.text_files else "kjv"),
+        "text_files": resolved(args.text_files),
+        "split": args.split or "train",
+        "text_column": args.text_column,
+        "min_tokens": min_tokens,
+        "documents": args.documents,
+        "lengths": target_lengths,
+        "target_end": target_ends(plan),
+        "document_sha256": {d.title: d.fingerprint() for d in documents},
+    }
+    return documents, run_config
+
+
+#: run configuration keys that may change when a folder resumes: the lengths (added as the protocol allows,
+#: see ``added_lengths_problem``), the target ends they decide, the label, and how the documents were chosen
+#: (they are compared by title and content, ``document_sha256``)
+PPL_MAY_CHANGE = ("model_name", "lengths", "target_end", "min_tokens", "documents")
+
+
+PPL_LABELS = {"document_sha256": "the document changed: same name, other text"}
+

@@ -1,0 +1,99 @@
+"""The hook kind ``frequency``: new rotary frequencies ``(inv_freq, attention_factor)`` from a frequency method.
+
+The rotary replacement (``RopeExtRotaryEmbedding``, ``installers/rotary.py``) computes them: once for a static
+method, on every call for a dynamic one. Where transformers has the same method natively, the config is edited
+too, so ``save_pretrained`` reloads without rope_ext. A ``cache_consistent`` dynamic method also moves the rotation
+into attention (keys rotated with the current length's frequencies): that trait is what it brings to the
+combination rules (``traits``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+from torch import nn
+
+from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.installers.combination import ROTATES_IN_ATTENTION
+from rope_ext.installers.rotary import BASE_KEYS, RopeExtRotaryEmbedding, RotarySite
+from rope_ext.installers.rotation import rotate_in_attention
+from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
+
+
+class FrequencyInstaller(HookInstaller):
+    """Frequency methods: new ``(inv_freq, attention_factor)`` in the rotary replacement, plus the config values
+    that let ``save_pretrained`` reload without rope_ext where transformers has the same method natively."""
+
+    kind = HOOK_FREQUENCY
+    site_kinds = frozenset({RotarySite.kind})
+
+    def traits(self, method: MethodConfig) -> frozenset[str]:
+        moves = getattr(method, "cache_consistent", False)  # (keys rotated in attention, with the current length's)
+        return super().traits(method) | ({ROTATES_IN_ATTENTION} if moves else set())
+
+    def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
+        assert isinstance(method, FrequencyConfig)
+        replace = builder.option("replace_scaling")
+        for site in builder.sites.get(RotarySite.kind):
+            chosen = site.layer_types(builder.option("layer_types"))
+            specs = {lt: site.spec(lt, method, replace) for lt in chosen}
+            site.replacement(builder).set_frequency(method, specs)
+            self._config_edits(builder, site, method, specs)
+            # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)
+            limit = None
+            if not method.dynamic:
+                limit = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
+            builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
+        if getattr(method, "cache_consistent", False):  # keys rotated in attention, with the current length's
+            rotate_in_attention(builder, method.method)
+
+    def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        assert isinstance(method, FrequencyConfig)
+        if method.original_max_position_embeddings is not None or (
+            "original_max_position_embeddings" in method.unused_shared_options
+        ):
+            return method
+        originals = {
+            spec.original_max_position_embeddings
+            for module in model.modules()
+            if isinstance(module, RopeExtRotaryEmbedding) and module.method is method
+            for spec in module.specs.values()
+        }
+        if len(originals) != 1:  # layer types with different L (Gemma 3's): no one value to state
+            return method
+        return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
+
+    def _config_edits(
+        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
+    ) -> None:
+        config = site.config
+        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
+        if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
+            # No native equivalent: the rope_ext block alone records the patch, and the config keeps claiming only
+            # what plain transformers gives when it loads it (the unpatched rotation and its length).
+            return
+        # What plain transformers can honour (without rope_ext, a combination reloads as its frequency method alone):
+        # transformers' own version of the method, and the extended context (HF's convention for scaled checkpoints:
+        # max_position_embeddings is the new length, rope_parameters keep the original). Dynamic methods have no
+        # fixed length, and transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
+        if not method.dynamic:
+            extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
+            if extended > (getattr(config, "max_position_embeddings", None) or 0):
+                builder.edit_config(config, "max_position_embeddings", extended)
+        rope_parameters = copy.deepcopy(config.rope_parameters)
+        for layer_type, params in native.items():
+            current = site.params(layer_type)
+            merged = {key: current[key] for key in BASE_KEYS if key in current} | params
+            if layer_type is None:
+                rope_parameters = merged
+            else:
+                rope_parameters[layer_type] = merged
+        builder.edit_config(config, "rope_parameters", rope_parameters)
+        originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
+        if originals and hasattr(config, "original_max_position_embeddings"):
+            # Phi-3 keeps L at the top level and transformers gives that copy priority.
+            builder.edit_config(config, "original_max_position_embeddings", originals.pop())
+
+
+register_hook(FrequencyInstaller())

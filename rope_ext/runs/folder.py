@@ -1,0 +1,308 @@
+"""One output folder for every command that writes one, and its rules.
+
+* A folder to write into must be a folder, or creatable as one (``writable_folder``).
+* A run's options are saved beside its outputs; a re-run with the same options resumes, one with other options is
+  refused naming each difference (``check_folder`` for training runs, ``rope_ext.runs.results.ResultStore`` for
+  evaluations), and ``--overwrite`` starts afresh.
+* ``--overwrite`` removes every file a rope-ext command writes (``clear_outputs``: ``ALL_OUTPUTS`` and the
+  checkpoints), whichever command wrote it, and nothing else; so a folder reused by another command never keeps a
+  previous run's adapter or weights beside the new ones.
+* Local paths among the options are compared resolved (``resolved``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rope_ext.runs.specs import one_spec
+
+
+def writable_folder(text: str) -> str:
+    """A folder to write into: an existing folder, or a path that can be created as one."""
+    if not text.strip():
+        raise ValueError("must not be empty; give a folder (created if missing)")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{text!r} is a file; give a folder (created if missing)")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{text!r} cannot be created: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{text!r} cannot be written: no write permission in {str(parent)!r}")
+    return text
+
+
+def resolved(value: Any) -> Any:
+    """A local path resolved (``doc.txt`` and its absolute path, ``dir`` and ``dir/`` are one input); 'default',
+    hub ids and other values as they are."""
+    if isinstance(value, list):
+        return [resolved(item) for item in value]
+    if isinstance(value, str) and value not in ("default", "kjv", "text files") and os.path.exists(value):
+        return os.path.realpath(value)
+    return value
+
+
+def normalised(key: str, value: Any) -> Any:
+    """Run configuration values as compared: paths resolved (a folder's older run files kept them as given)."""
+    return resolved(value) if key in ("model", "dataset", "text_files") else value
+
+
+
+RUN_FILE = "finetune.json"
+
+
+CONFIG_FILE = "finetune_config.json"
+
+
+#: ``rope-ext train``'s record and options
+TRAIN_RUN_FILE = "train.json"
+TRAIN_CONFIG_FILE = "train_config.json"
+
+
+#: what a run read beside its options (``input_fingerprints``), checked when it resumes
+INPUTS_FILE = "inputs.json"
+
+
+#: options a resumed run may change (the rest must equal the folder's): how often it logs, saves and evaluates, and
+#: how long it runs (with a schedule that does not depend on the length)
+MAY_CHANGE = ("eval_every", "log_every", "save_every", "keep_checkpoints", "threads", "out", "max_steps")
+
+
+#: the files of a training run's folder (``rope-ext finetune``, ``train``) and of a model ``rope-ext merge`` writes
+FINETUNE_OUTPUTS = ("adapter_config.json", "adapter_model.safetensors", "model.safetensors", "config.json", RUN_FILE,
+                    CONFIG_FILE, INPUTS_FILE, "loss.json", "loss.csv", "loss.png", "generation_config.json", "README.md")
+#: every file a rope-ext command writes into its folder, whichever command (``clear_outputs`` removes them all)
+ALL_OUTPUTS = (*FINETUNE_OUTPUTS, "adapter_model.bin", "pytorch_model.bin", "model.safetensors.index.json",
+               TRAIN_RUN_FILE, TRAIN_CONFIG_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "spm.model", "added_tokens.json",
+               "chat_template.jinja")
+#: the shards of a large model's weights
+SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin")
+
+
+def is_finetune_folder(path: str | os.PathLike) -> bool:
+    """A folder ``rope-ext finetune`` wrote with a LoRA adapter (its base lives elsewhere)."""
+    path = Path(path)
+    return (path / RUN_FILE).is_file() and (path / "adapter_config.json").is_file()
+
+
+def resolved_options(config: Any) -> dict[str, Any]:
+    """The options as saved and compared: local paths resolved (``../doc.txt`` and its absolute path are one input)."""
+
+    options = config.options()
+    for key in ("model", "tokenizer", "dataset", "text_files"):
+        if key in options:
+            options[key] = resolved(options[key])
+    return options
+
+
+def check_folder(
+    config: Any, overwrite: bool, config_file: str = CONFIG_FILE, command: str = "rope-ext finetune"
+) -> dict[str, Any] | None:
+    """The folder's saved options when this run resumes it (``None``: a new run); refuses a folder of another
+    configuration or of other files, unless ``overwrite``."""
+    writable_folder(config.out)
+    out = Path(config.out)
+    for option in ("model", "tokenizer"):  # (--overwrite there would delete the base's files)
+        given = getattr(config, option, None)
+        if given and given != "default" and os.path.isdir(given) and (within(out, given) or within(given, out)):
+            raise ValueError(f"--out {config.out}: the --{option} folder {given} is there (or the one is inside the "
+                             "other); write the run to another folder")
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    saved_path = out / config_file
+    if overwrite:
+        return None
+    if not saved_path.is_file():
+        raise ValueError(
+            f"--out {config.out}: the folder holds other files (not a {command} run); give an empty or new "
+            "folder, or --overwrite"
+        )
+    try:
+        saved = json.loads(saved_path.read_text())
+    except ValueError:
+        raise ValueError(f"--out {config.out}: {config_file} is unreadable; give --overwrite to start again") from None
+    current = resolved_options(config)
+    defaults = option_defaults(config)  # (an option newer than the folder's run: its default there)
+    differ = [k for k in sorted(set(saved) | set(current))
+              if k not in MAY_CHANGE and comparable(k, saved.get(k, defaults.get(k))) != comparable(k, current.get(k))]
+    if "max_steps" not in differ and saved.get("max_steps") != current["max_steps"] and config.schedule in ("linear", "cosine"):
+        differ.append("max_steps")  # (the schedule's length: a resumed run would follow another curve)
+    if differ:
+        shown = "; ".join(f"{k}: {saved.get(k, defaults.get(k))!r} there, {current.get(k)!r} now" for k in differ[:4])
+        raise ValueError(
+            f"--out {config.out} holds a run of another configuration ({shown}); re-run with its options to resume, "
+            "or give another --out, or --overwrite"
+        )
+    return saved
+
+
+def option_defaults(config: Any) -> dict[str, Any]:
+    """The default of each option of a run configuration (a dataclass)."""
+    import dataclasses
+
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(config)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+
+
+def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or inside it (links resolved)."""
+    path, folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return path == folder or folder in path.parents
+
+
+def comparable(key: str, value: Any) -> Any:
+    """An option as a resume compares it: the methods as their configs, so equal spellings are one
+    (``yarn:factor=4.0`` and ``yarn:factor=4``)."""
+    if key == "methods" and isinstance(value, str):
+        try:
+            return [c.to_dict() for c in one_spec(value)]
+        except (ValueError, TypeError):
+            return value
+    return value
+
+
+def clear_outputs(out: Path, outputs: tuple[str, ...] = ALL_OUTPUTS) -> None:
+    """Remove the files rope-ext commands write (``outputs``, the weight shards, the checkpoints) from ``out``."""
+    out = Path(out)
+    remove_checkpoints(out)
+    for name in outputs:
+        (out / name).unlink(missing_ok=True)
+    for pattern in SHARDS:
+        for path in out.glob(pattern):
+            path.unlink()
+
+
+def input_fingerprints(parts: dict[str, Any]) -> dict[str, str]:
+    """SHA-256 of what a run reads beside its options: the training windows' token ids and, where some weights stay
+    frozen (LoRA), those weights as loaded. The same paths holding other text or another model give others."""
+    from rope_ext.installers.params import PARAMS_ATTR
+
+
+    windows = parts["dataset"].windows.contiguous()
+    found = {"windows_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest()}
+    frozen = [(name, p) for name, p in parts["model"].named_parameters()  # (a patch's own: initialised, not read)
+              if not p.requires_grad and f"{PARAMS_ATTR}." not in name]
+    if frozen:
+        digest = hashlib.sha256()
+        for name, p in frozen:
+            digest.update(name.encode())
+            digest.update(p.detach().float().contiguous().cpu().numpy().tobytes())
+        found["frozen_weights_sha256"] = digest.hexdigest()
+    return found
+
+
+def check_inputs(out: Path, inputs: dict[str, str]) -> None:
+    """Refuse to resume a run whose data or base model changed under the same paths (a folder written before the
+    fingerprints were recorded resumes unchecked)."""
+    try:
+        saved = json.loads((out / INPUTS_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    changed = [k.removesuffix("_sha256").replace("_", " ") for k in inputs if saved.get(k) not in (None, inputs[k])]
+    if changed:
+        raise ValueError(
+            f"--out {out}: its run was trained on other {' and '.join(changed)} under the same options (a file or the "
+            "model changed since); restore them to resume, or give another --out, or --overwrite"
+        )
+
+
+def unfinished_run(path: str | os.PathLike) -> tuple[str, str, str] | None:
+    """``(command, options file, record file)`` of the run a folder holds unfinished (its options written, its record
+    not yet: the run was stopped or is under way), or ``None``."""
+    path = Path(path)
+    for command, config_file, run_file in (("rope-ext finetune", CONFIG_FILE, RUN_FILE),
+                                           ("rope-ext train", TRAIN_CONFIG_FILE, TRAIN_RUN_FILE)):
+        if (path / config_file).is_file() and not (path / run_file).is_file():
+            return command, config_file, run_file
+    return None
+
+
+def finished(out: Path, run_file: str = RUN_FILE) -> dict[str, Any] | None:
+    try:
+        return json.loads((out / run_file).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def complete_run(config: Any, resumed: dict[str, Any] | None, run_file: str) -> dict[str, Any] | None:
+    """The record of the folder's run when it is complete at ``config.max_steps`` (nothing to do); raises when a
+    finished run cannot be continued to ``max_steps``."""
+    if resumed is None:
+        return None
+    done = finished(Path(config.out), run_file)
+    if done is not None and done.get("steps") == config.max_steps:
+        grows = ("a larger --max-steps continues it, " if config.schedule not in ("linear", "cosine")
+                 else f"its {config.schedule} schedule is fixed by --max-steps, so it cannot grow; ")
+        print(f"{config.out}: this run is complete ({done['steps']} steps); nothing to do ({grows}--overwrite starts "
+              "again)")
+        return done
+    if done is not None and latest_checkpoint(Path(config.out)) is None:
+        raise ValueError(
+            f"--out {config.out}: the run there finished at step {done.get('steps')} and kept no checkpoint "
+            f"(--save-every 0, or checkpoints deleted), so --max-steps {config.max_steps} cannot continue it; "
+            "give --overwrite to start again"
+        )
+    if done is not None and done.get("steps", 0) > config.max_steps:
+        raise ValueError(
+            f"--max-steps {config.max_steps}: the run in {config.out} is at step {done['steps']} already; give a "
+            "larger --max-steps to continue it, or --overwrite"
+        )
+    return None
+
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------
+
+
+CHECKPOINTS = "checkpoints"
+#: written into a checkpoint folder once ``save_state`` has returned: a folder without it was cut short (a killed run)
+COMPLETE = "rope_ext_complete"
+
+
+#: ``checkpoints/checkpoint_<step>``: named by the optimizer step it holds
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def checkpoints(out: str | Path) -> list[tuple[int, Path, bool]]:
+    """``(step, folder, complete)`` of a run folder's checkpoints, oldest first."""
+    folder = Path(out) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted((int(m[1]), p, (p / COMPLETE).is_file()) for p in folder.iterdir()
+                  if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir())
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest complete ``checkpoints/checkpoint_N`` folder of a run folder, or ``None``."""
+    complete = [path for _, path, done in checkpoints(out) if done]
+    return complete[-1] if complete else None
+
+
+def drop_incomplete(out: Path) -> None:
+    """Checkpoint folders a killed run left half-written (no ``COMPLETE`` marker) are removed."""
+    for _, path, done in checkpoints(out):
+        if not done:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_checkpoints(out: str | Path) -> None:
+    shutil.rmtree(Path(out) / CHECKPOINTS, ignore_errors=True)
+
+
+
+def prune_checkpoints(out: str | Path, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints (by step), removing the older ones; run once a new one is
+    complete, so a run killed while saving still has its previous checkpoint."""
+    complete = [path for _, path, done in checkpoints(out) if done]
+    for path in complete[: max(0, len(complete) - keep)]:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,95 @@
+"""Option values as every command reads them, from a flag or from a YAML file alike: integers (``4k`` = 4096),
+finite numbers, comma-separated names, non-empty texts; and the kind of each field of a run configuration, read
+from its resolved type hints."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from typing import Any
+
+#: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
+MAX_LENGTH = 1 << 24
+
+
+def parse_length(text: str) -> int:
+    """``"16k"`` -> 16384, ``"1500"`` -> 1500."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    if not match:
+        raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096 or 4k")
+    value = int(match[1]) * (1024 if match[2] else 1)
+    if value < 2:
+        raise ValueError(f"length must be at least 2 tokens, got {text!r}")
+    if value > MAX_LENGTH:
+        raise ValueError(f"length {text!r} is over {MAX_LENGTH} tokens ({MAX_LENGTH // 1024}k), the most a run takes")
+    return value
+
+
+def parse_lengths(text: str) -> list[int]:
+    lengths = sorted({parse_length(part) for part in text.split(",") if part.strip()})
+    if not lengths:
+        raise ValueError("give at least one length")
+    return lengths
+
+
+KINDS = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return parse_length(text)  # (4k = 4096)
+        except ValueError:
+            raise ValueError(f"must be an integer (4k = 4096), got {text!r}") from None
+
+
+def number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"must be a number, got {text!r}")
+    return value
+
+
+def name_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError("give comma-separated names")
+    return names
+
+
+def nonempty(text: str) -> str:
+    """A value that must not be empty."""
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+#: how a text becomes a value of each kind (a flag's text, or a string where a YAML file gives one)
+PARSERS = {"int": integer, "float": number, "list": name_list, "str": nonempty}
+
+
+def field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
+    """``name -> (kind, optional)`` of each field of the dataclass ``cls``: its resolved type (``int | None`` is
+    ``("int", True)``, ``list[str]`` is ``("list", False)``)."""
+    hints = typing.get_type_hints(cls)
+    kinds = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        if optional:
+            (hint,) = [a for a in args if a is not type(None)]
+        kinds[f.name] = (KINDS[typing.get_origin(hint) or hint], optional)
+    return kinds
+
+
+def parse_text(kind: str, text: Any) -> Any:
+    """``text`` as a value of ``kind`` when it is a string (else as it is)."""
+    return PARSERS[kind](text) if isinstance(text, str) and kind in PARSERS else text

@@ -1,0 +1,317 @@
+"""From a new user's trial (issue #34): merging over another fine-tune, loading a LoRA folder, messages and help,
+checkpoint names, noise on every run, ``rope-ext train --tokenizer`` and ``saved`` as the default on a trained
+folder. Tiny models in seconds (the ``checkpoint`` of test_finetune: a tiny Llama and a word-level tokenizer)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from test_finetune import checkpoint  # noqa: F401  (a fixture)
+
+import rope_ext
+from rope_ext.cli import main
+from rope_ext.runs.models import UnfinishedRun, load_finetune_base
+from rope_ext.train.config import FinetuneConfig, TrainConfig
+from rope_ext.train.finetune import finetune
+from rope_ext.train.pretrain import build_model, train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def finetune_config(checkpoint, out, **options) -> FinetuneConfig:
+    model, files = checkpoint
+    values = dict(model=str(model), text_files=files[:2], methods="yarn:factor=4", window=32, target_length=128,
+                  max_steps=3, save_every=0, micro_batch=2, lr=1e-3, warmup_steps=0, out=str(out))
+    values.update(options)
+    return FinetuneConfig(**values)
+
+
+def train_config(checkpoint, out, **options) -> TrainConfig:
+    _, files = checkpoint
+    values = dict(text_files=files[:2], window=32, hidden=32, layers=1, heads=2, micro_batch=4, max_steps=2,
+                  lr=3e-3, warmup_steps=0, schedule="constant_with_warmup", save_every=0, out=str(out))
+    values.update(options)
+    return TrainConfig(**values)
+
+
+def ids(n: int = 96) -> torch.Tensor:
+    return torch.randint(4, 23, (1, n), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def finetuned(checkpoint, tmp_path_factory):
+    """A LoRA fine-tune under yarn:factor=4 (3 steps)."""
+    out = tmp_path_factory.mktemp("finetuned") / "run"
+    finetune(finetune_config(checkpoint, out))
+    return out
+
+
+# --- 1. merge --overwrite over another fine-tune --------------------------------------------------------------
+
+
+def test_merge_overwrite_into_another_finetune_leaves_none_of_its_adapter(checkpoint, finetuned, tmp_path):
+    from peft import PeftModel
+
+    other = tmp_path / "other"
+    finetune(finetune_config(checkpoint, other, methods="none", max_steps=1))
+    assert (other / "adapter_config.json").is_file()
+    assert main(["merge", str(finetuned), str(other), "--overwrite"]) == 0
+    left = {p.name for p in other.iterdir()}
+    assert not left & {"adapter_config.json", "adapter_model.safetensors", "finetune.json", "finetune_config.json",
+                       "inputs.json", "loss.json"}, left
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(load_finetune_base(finetuned), str(finetuned)).eval()(ids()).logits
+        merged = rope_ext.from_pretrained(other).eval()
+        torch.testing.assert_close(merged(ids()).logits, expected, rtol=0, atol=2e-5)
+
+
+# --- 2. from_pretrained of a LoRA folder ----------------------------------------------------------------------
+
+
+def test_from_pretrained_of_a_lora_folder_is_the_trained_model(finetuned):
+    from peft import PeftModel
+
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(load_finetune_base(finetuned), str(finetuned)).eval()(ids()).logits
+        base = load_finetune_base(finetuned).eval()(ids()).logits
+        loaded = rope_ext.from_pretrained(finetuned).eval()
+        assert isinstance(rope_ext.get_patch(loaded), rope_ext.methods.YarnConfig)
+        torch.testing.assert_close(loaded(ids()).logits, expected, rtol=0, atol=2e-5)
+    assert not torch.allclose(base, expected, rtol=0, atol=1e-4)  # (the adapter changed the model)
+
+
+# --- 3. the two-process equality's condition ------------------------------------------------------------------
+
+
+def test_the_docs_state_that_two_processes_equal_one_only_without_lora_dropout():
+    text = " ".join((ROOT / "docs" / "finetune.md").read_text().split())
+    assert "equal to 1e-6 with LoRA dropout off (`--lora-dropout 0`)" in text
+    assert "2.55e-3 apart with the default 0.05" in text
+
+
+# --- 4. messages and help -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "option"), [("longrope", "long_factor"), ("xlnet_clamp", "clamp_len")])
+def test_an_option_refused_when_left_out_is_shown_required(capsys, name, option):
+    assert main(["methods", name]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(option + " "))
+    assert row.rstrip().endswith("(required)") and "derived when patching" not in row, row
+    with pytest.raises(ValueError, match=f"{option}"):
+        rope_ext.methods.get_method_class(name)()
+
+
+def test_train_without_a_method_does_not_recommend_saved(checkpoint, tmp_path, capsys):
+    out = tmp_path / "run"
+    _, files = checkpoint
+    assert main(["train", "--text-files", *files[:2], "--window", "32", "--hidden", "32", "--layers", "1", "--heads",
+                 "2", "--max-steps", "2", "--save-every", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    assert "saved" not in printed.splitlines()[-1] and "--methods none,..." in printed
+    assert "--methods saved" not in card and "--methods none,..." in card
+
+
+def test_eval_of_an_unfinished_finetune_says_how_to_finish_it(checkpoint, tmp_path, capsys):
+    out = tmp_path / "run"
+
+    def stop(progress):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(finetune_config(checkpoint, out, save_every=1), on_step=stop)
+    assert (out / "finetune_config.json").is_file() and not (out / "finetune.json").exists()
+    _, files = checkpoint
+    assert main(["eval", "ppl", "--model", str(out), "--text-files", files[2], "--lengths", "64", "--target-tokens",
+                 "16", "--out", str(tmp_path / "ppl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"rope-ext: error: --model '{out}' is an unfinished rope-ext finetune run (finetune_config.json there, no "
+        "finetune.json yet: it was stopped, or is still training); finish it by re-running its command, e.g. "
+        f"`rope-ext finetune --config {out}/finetune_config.json --out {out}` (its own options: it resumes from the "
+        "newest checkpoint), then use the folder"
+    )
+    with pytest.raises(UnfinishedRun):
+        rope_ext.from_pretrained(out)
+    assert main(["finetune", "--config", str(out / "finetune_config.json"), "--out", str(out)]) == 0  # as it says
+    assert "resuming from" in capsys.readouterr().out
+    assert json.loads((out / "finetune.json").read_text())["steps"] == 3
+
+
+@pytest.mark.parametrize(("command", "module", "kept"), [
+    ("finetune", "finetune", "the newest checkpoint (checkpoints/, every --save-every steps) is kept: re-run the same "
+                             "command to resume from it"),
+    ("train", "train", "the newest checkpoint (checkpoints/, every --save-every steps) is kept: re-run the same "
+                       "command to resume from it"),
+])
+def test_an_interrupted_training_says_its_checkpoint_is_kept(tmp_path, capsys, monkeypatch, command, module, kept):
+    import rope_ext.cli.training
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rope_ext.cli.training, module, interrupted)
+    assert main([command, "--out", str(tmp_path / "run")]) == 130
+    assert capsys.readouterr().err.strip() == f"rope-ext: interrupted ({kept})"
+
+
+def test_an_interrupted_evaluation_says_its_records_are_kept(tmp_path, capsys, monkeypatch):
+    import rope_ext.cli.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rope_ext.cli.evaluate, "load_for_evaluation", interrupted)
+    assert main(["eval", "passkey", "--out", str(tmp_path / "run"), "--methods", "none"]) == 130
+    assert capsys.readouterr().err.strip() == "rope-ext: interrupted (records written so far are kept: re-run to resume)"
+
+
+def test_help_names_every_architecture_train_builds_and_the_model_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "(GPT-2, Llama, T5 or DeBERTa; accelerate)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--model MODEL 'default' (embedded SmolLM2-135M), a folder or a hub id (default: default)" in text
+
+
+def test_eval_text_files_take_a_comma_separated_list(checkpoint, tmp_path):
+    _, files = checkpoint
+    out = tmp_path / "ppl"
+    assert main(["eval", "ppl", "--model", str(checkpoint[0]), "--text-files", f"{files[0]},{files[1]}", files[2],
+                 "--documents", "3", "--lengths", "64", "--target-tokens", "16", "--methods", "none", "--out", str(out),
+                 "--no-plot"]) == 0
+    run = json.loads((out / "ppl_run.json").read_text())
+    assert sorted(run["document_sha256"]) == ["doc0.txt", "doc1.txt", "doc2.txt"]
+    assert run["text_files"] == [os.path.realpath(f) for f in files]
+
+
+def test_a_finetune_folder_has_a_model_card(finetuned, checkpoint):
+    card = (finetuned / "README.md").read_text()
+    model = Path(checkpoint[0]).resolve()
+    assert f"base_model: {model}\n" in card and "library_name: peft" in card
+    assert "under `yarn:factor=4`" in card and "for 3 steps at windows of 32 tokens" in card
+    assert "rope_ext.from_pretrained(folder)" in card and "PeftModel.from_pretrained(rope_ext.load_finetune_base" in card
+
+
+def test_plot_of_a_folder_of_collected_runs_says_what_it_holds(tmp_path, capsys):
+    (tmp_path / "ppl.json").write_text(json.dumps({"native_context": 256, "rows": []}))
+    (tmp_path / "gpt2_alibi" / "ppl").mkdir(parents=True)
+    (tmp_path / "gpt2_alibi" / "ppl" / "ppl.json").write_text(json.dumps({"run": {}, "summary": []}))
+    assert main(["plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"rope-ext: error: {tmp_path / 'ppl.json'} holds a JSON object of 'native_context', 'rows', not one "
+        "evaluation's results: rope-ext plot draws a folder rope-ext eval wrote (its ppl.json holds 'run' and "
+        f"'summary'); results folders inside it: {tmp_path / 'gpt2_alibi' / 'ppl'}"
+    )
+
+
+# --- 5. checkpoints named by optimizer step --------------------------------------------------------------------
+
+
+def test_checkpoints_are_named_by_optimizer_step_also_when_resumed(checkpoint, tmp_path, caplog):
+    out = tmp_path / "run"
+    names = lambda: sorted(p.name for p in (out / "checkpoints").iterdir())  # noqa: E731
+    with caplog.at_level(logging.INFO):
+        finetune(finetune_config(checkpoint, out, max_steps=4, save_every=3, keep_checkpoints=2, warmup_steps=0))
+        assert names() == ["checkpoint_3", "checkpoint_4"]
+        finetune(finetune_config(checkpoint, out, max_steps=7, save_every=3, keep_checkpoints=2, warmup_steps=0))
+        assert names() == ["checkpoint_6", "checkpoint_7"]
+    assert "Deleting" not in caplog.text  # (accelerate's line inside the progress bar: old ones go quietly)
+
+
+# --- 6. noise ---------------------------------------------------------------------------------------------------
+
+
+def test_runs_raise_no_future_warning_of_pyarrow_or_transformers(checkpoint, finetuned, tmp_path):
+    rng = random.Random(1)  # (new texts: datasets would reuse its cached sort of texts seen before)
+    files = [tmp_path / f"new{i}.txt" for i in range(3)]
+    for path in files:
+        path.write_text(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(400)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        finetune(finetune_config(checkpoint, tmp_path / "run", text_files=[str(f) for f in files[:2]], max_steps=1,
+                                 gradient_checkpointing=True))
+        rope_ext.from_pretrained(finetuned)
+        assert main(["eval", "ppl", "--model", str(finetuned), "--text-files", str(files[2]), "--lengths", "64",
+                     "--target-tokens", "16", "--out", str(tmp_path / "ppl"), "--no-plot"]) == 0
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert not future, future
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_a_built_model_names_its_loss(checkpoint, tmp_path, architecture):
+    """(transformers warns ``loss_type=None ... unrecognized`` inside the progress bar where it guesses the loss)"""
+    from transformers import AutoTokenizer
+
+    model = build_model(train_config(checkpoint, tmp_path, architecture=architecture),
+                        AutoTokenizer.from_pretrained(checkpoint[0]))
+    assert model.loss_type == "ForCausalLM"
+
+
+# --- 7. train --tokenizer; eval's default methods on a trained folder ------------------------------------------
+
+
+def test_train_takes_a_tokenizer_and_records_it(checkpoint, tmp_path):
+    from transformers import AutoTokenizer
+
+    model, _ = checkpoint
+    out = tmp_path / "run"
+    run = train(train_config(checkpoint, out, tokenizer=str(model)))
+    vocabulary = len(AutoTokenizer.from_pretrained(model))
+    assert run.model.config.vocab_size == vocabulary == 23
+    assert json.loads((out / "train_config.json").read_text())["tokenizer"] == str(Path(model).resolve())
+    assert json.loads((out / "train.json").read_text())["tokenizer"] == str(Path(model).resolve())
+    assert f"the tokenizer of `{Path(model).resolve()}`, 23 tokens" in (out / "README.md").read_text()
+    assert len(AutoTokenizer.from_pretrained(out)) == vocabulary  # (saved beside the model)
+
+
+def test_a_bad_tokenizer_is_one_line_and_writes_nothing(checkpoint, tmp_path, capsys):
+    _, files = checkpoint
+    (tmp_path / "empty").mkdir()
+    for given in (str(tmp_path / "nowhere"), str(tmp_path / "empty")):
+        assert main(["train", "--text-files", *files[:2], "--window", "32", "--tokenizer", given, "--out",
+                     str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"rope-ext: error: --tokenizer {given!r}: cannot load it (") and "give 'default'" in err
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_train_folder_of_an_older_rope_ext_resumes_without_a_tokenizer_option(checkpoint, tmp_path):
+    out = tmp_path / "run"
+    train(train_config(checkpoint, out))
+    options = json.loads((out / "train_config.json").read_text())
+    del options["tokenizer"]  # (written before --tokenizer existed: the default model's)
+    (out / "train_config.json").write_text(json.dumps(options))
+    assert train(train_config(checkpoint, out)).model is None  # the same run: complete
+    with pytest.raises(ValueError, match=r"tokenizer: 'default' there, '/"):
+        train(train_config(checkpoint, out, tokenizer=str(checkpoint[0])))
+
+
+def test_eval_defaults_to_saved_on_a_folder_saved_with_a_patch(checkpoint, finetuned, tmp_path, capsys):
+    from rope_ext.cli.evaluate import choose_methods
+
+    _, files = checkpoint
+    out = tmp_path / "ppl"
+    assert main(["eval", "ppl", "--model", str(finetuned), "--text-files", files[2], "--lengths", "64",
+                 "--target-tokens", "16", "--out", str(out), "--no-plot"]) == 0
+    assert "--methods saved: " in capsys.readouterr().out
+    assert {row["method"] for row in json.loads((out / "ppl.json").read_text())["summary"]} == {"saved"}
+    for model, expected in ((finetuned, ["saved"]), (checkpoint[0], ["none", "yarn:factor=2"]),
+                            ("default", ["none", "yarn:factor=2"])):
+        args = argparse.Namespace(model=str(model), methods=None, default_methods="none,yarn:factor=2")
+        choose_methods(args)
+        assert list(args.methods) == expected
+    given = argparse.Namespace(model=str(finetuned), methods={"none": []}, default_methods="none,yarn:factor=2")
+    choose_methods(given)
+    assert list(given.methods) == ["none"]  # (given: kept)
