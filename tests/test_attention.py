@@ -46,8 +46,8 @@ def _programs(model):
 
 
 def _rules(model):
-    """The position rules of the layers a method applies to (their ``rule`` set)."""
-    return [p.rule for p in _programs(model) if p.rule is not None and p.rule.rule is not None]
+    """The position rules of the layers a method applies to (their ``config`` set)."""
+    return [p.position_rule for p in _programs(model) if p.position_rule is not None and p.position_rule.config is not None]
 
 
 def reference():
@@ -338,7 +338,7 @@ def test_fast_path_matches_reference(models, family, method, options, monkeypatc
         rule = next(iter(_rules(model)), None)
         with spy.fast() as seen:
             fast = logits(model, ids)
-        runner = {None: "region", "dca": "dual_chunk"}.get(rule and rule.rule.method, "window")  # logn: the plain kernel
+        runner = {None: "region", "dca": "dual_chunk"}.get(rule and rule.config.method, "window")  # logn: the plain kernel
         assert seen.get(runner, 0) > 0 and "general" not in seen and "reference" not in seen, seen
         spy.counts = {}
         with reference():
@@ -357,7 +357,7 @@ def test_sequences_one_or_two_past_the_window_match_the_reference(models, method
         if hasattr(module, "scaling") and hasattr(module, "layer_idx"):
             monkeypatch.setattr(module, "scaling", module.scaling * 16.0)
     with rope_ext.patched(model, method, **(options or {})):
-        w = _rules(model)[0].rule.window
+        w = _rules(model)[0].config.window
         for length in (w, w + 1, w + 2):
             ids = input_ids(length, seed=length)
             fast = logits(model, ids)
@@ -690,7 +690,7 @@ def test_get_patch_resolved_shows_the_values_in_use(tmp_path):
     yarn, dca, logn = rope_ext.get_patch(model, resolved=True)
     assert yarn == rope_ext.methods.YarnConfig(factor=4, original_max_position_embeddings=L)
     assert dca == rope_ext.methods.DualChunkConfig(original_max_position_embeddings=L, chunk_size=3 * L // 4, local_window=4)
-    assert {term.rule for term in _rules(model)} == {dca}
+    assert {term.config for term in _rules(model)} == {dca}
     assert logn == rope_ext.methods.LogNConfig(original_max_position_embeddings=L)
     model.save_pretrained(tmp_path)
     reloaded = rope_ext.from_pretrained(tmp_path, dtype=torch.float32)
@@ -861,7 +861,7 @@ def test_gemma3_sliding_layers_are_left_alone_by_default():
     model = tiny_model("gemma3")
     rope_ext.patch(model, "rerope")
     by_type = {program.layer_type: program for program in _programs(model)}
-    assert by_type["full_attention"].rule.rule.method == "rerope"
+    assert by_type["full_attention"].position_rule.config.method == "rerope"
     assert not by_type["sliding_attention"].terms  # rotated by the original module: plain attention
     rope_ext.unpatch(model)
     ids = input_ids(20)
@@ -907,7 +907,7 @@ def test_derived_options_fit_the_ones_given():
     model = tiny_model("llama")
     rope_ext.patch(model, "dca", chunk_size=4)  # local_window defaults below it
     terms = _rules(model)
-    assert terms and all(t.rule.local_window == 3 and t.rule.chunk_size == 4 for t in terms)
+    assert terms and all(t.config.local_window == 3 and t.config.chunk_size == 4 for t in terms)
     rope_ext.unpatch(model)
 
 
@@ -949,20 +949,20 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
             assert rope_ext.get_patch(model) == (configs if spec != ["yarn"] else configs[0])
     with rope_ext.patched(model, "logn+dca+yarn", factor=4, original_max_position_embeddings=32):  # a model fact
         assert [c.original_max_position_embeddings for c in rope_ext.get_patch(model)] == [32, 32, 32]
-        assert {(term.original, term.rule.chunk_size) for term in _rules(model)} == {(32, 24)}  # DCA's L too
+        assert {(term.original, term.config.chunk_size) for term in _rules(model)} == {(32, 24)}  # DCA's L too
     # without a frequency method the attention method states L itself (not the model's, silently)
     stated = {"original_max_position_embeddings": 32}
     for spec, options in [("dca+logn", stated), ("dca:original_max_position_embeddings=32", {})]:
         with rope_ext.patched(model, spec, **options):
             terms = _rules(model)
-            assert {(term.original, term.rule.original, term.rule.chunk_size) for term in terms} == {(L, 32, 24)}
+            assert {(term.original, term.config.original, term.config.chunk_size) for term in terms} == {(L, 32, 24)}
             dca = rope_ext.get_patch(model)
             dca = dca[0] if isinstance(dca, tuple) else dca
             assert dca.original_max_position_embeddings == 32
             i = torch.arange(100.0)  # mscale counts from the stated L
             expected = rope_ext.methods.DualChunkConfig().query_scale(i, 32)
             for term in terms:
-                assert torch.equal(term.rule.query_scale(i, term.original), expected)
+                assert torch.equal(term.config.query_scale(i, term.original), expected)
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
         ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
@@ -999,7 +999,7 @@ def test_stated_length_is_checked_against_the_model():
         pi, dca, logn = rope_ext.get_patch(model)
         assert (pi.original_max_position_embeddings, dca.original_max_position_embeddings) == (None, 32)
         assert logn.original_max_position_embeddings == 32
-        assert {term.rule.chunk_size for term in _rules(model)} == {24}
+        assert {term.config.chunk_size for term in _rules(model)} == {24}
     with pytest.raises(ValueError, match="pi: original_max_position_embeddings has no effect"):
         rope_ext.patch(model, "pi:factor=2:original_max_position_embeddings=32+dca")
     with pytest.raises(ValueError, match=r"string: S must be 2..the original context L - 1, so the original context L "
@@ -1036,7 +1036,7 @@ def test_layers_without_rope_are_left_alone(small_tiles):
     ids = input_ids(2 * L + 9)
     unpatched = logits(model, ids[:, : L - 4])
     with rope_ext.patched(model, "rerope", w=L - 1):  # a window past the sequence
-        assert [p.rule is None for p in _programs(model)] == [False, False, False, True]
+        assert [p.position_rule is None for p in _programs(model)] == [False, False, False, True]
         torch.testing.assert_close(logits(model, ids[:, : L - 4]), unpatched, rtol=0, atol=2e-5)
     with rope_ext.patched(model, "self_extend", G=4, W=8):
         fast = logits(model, ids)

@@ -170,3 +170,15 @@ def test_every_package_folder_has_an_init_file():
     missing = [str(d.relative_to(ROOT)) for d in [PACKAGE, *PACKAGE.rglob("*")]
                if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
     assert not missing, missing
+
+
+def test_importing_the_package_imports_no_modeling_module_nor_the_training_libraries():
+    """What keeps ``import rope_ext`` cheap over ``import transformers.modeling_utils`` (0.04 s, scripts/bench_import.py):
+    beyond what that import loads, no family's modeling module, and peft, datasets and matplotlib only when a command
+    needs them."""
+    code = ("import sys, transformers.modeling_utils; before = set(sys.modules); import rope_ext; "
+            "print(' '.join(sorted(m for m in set(sys.modules) - before if '.modeling_' in m or "
+            "m.split('.')[0] in ('peft', 'accelerate', 'datasets', 'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
+    assert out.stdout.split() == [], out.stdout

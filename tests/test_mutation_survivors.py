@@ -30,3 +30,48 @@ def test_sandwich_at_distances_up_to_its_table_and_past_it():
     fresh = make_config("sandwich").module(8, head_dim=64)  # (a first call past the initial 1,024 rows)
     bias = fresh(torch.tensor([2500.0, 2501.0]), torch.tensor([0.0]))  # [8, 2, 1]
     assert bias[0, :, 0].tolist() == pytest.approx([_sandwich_by_hand(d, 64, 1, 8) for d in (2500, 2501)], abs=4e-6)
+
+
+def test_sandwich_with_no_query_or_no_key_is_an_empty_bias():
+    module = make_config("sandwich").module(8, head_dim=64)
+    assert module(torch.zeros(0), torch.arange(3.0)).shape == (8, 0, 3)
+    assert module(torch.arange(3.0), torch.zeros(0)).shape == (8, 3, 0)
+
+
+@pytest.mark.parametrize(("head_dim", "shown"), [(15, "15"), (None, "None")])
+def test_sandwich_refuses_an_odd_or_missing_head_dimension(head_dim, shown):
+    """Without ``dim`` Sandwich takes the head dimension, which must be even (d'/2 cosines)."""
+    with pytest.raises(ValueError, match=rf"^sandwich: give dim \(an even int\); the model's head dimension is {shown}$"):
+        make_config("sandwich").module(4, head_dim=head_dim)
+    assert make_config("sandwich:dim=16").module(4, head_dim=15)(torch.tensor([1.0]), torch.tensor([0.0])).shape == (
+        4, 1, 1)
+
+
+@pytest.mark.parametrize("method", ["alibi", "sandwich"])
+def test_a_fixed_bias_has_no_state_to_save(method):
+    """ALiBi's slopes and Sandwich's compressions and distance table are buffers kept out of the state dict (the
+    table grows with the distances asked: saved, it would not reload into a fresh module)."""
+    module = make_config(method).module(8, head_dim=64)
+    module(torch.arange(40.0), torch.arange(40.0))
+    assert module.state_dict() == {} and len(list(module.buffers())) >= 1
+
+
+@pytest.mark.parametrize("method", ["kerple", "fire"])
+def test_a_learnable_bias_module_without_an_index_is_layer_zero(method):
+    """``module(heads)`` initialises layer 0's parameters (the layer index seeds the generator; layers differ)."""
+    config = make_config(method)
+    default, first, second = config.module(4), config.module(4, index=0), config.module(4, index=1)
+    for (name, a), b, c in zip(default.named_parameters(), first.parameters(), second.parameters()):
+        assert torch.equal(a, b), name
+    assert any(not torch.equal(b, c) for b, c in zip(first.parameters(), second.parameters()))
+
+
+def test_fire_runs_in_the_dtype_of_its_mlp():
+    """A model cast to bf16 casts FIRE's MLP: the normalised distances are cast to it, and the bias stays within
+    bf16's rounding of the float32 module's."""
+    fire = make_config("fire").module(2)
+    q, k = torch.tensor([10.0, 600.0]), torch.tensor([0.0, 5.0])
+    exact = fire(q, k)
+    low = fire.to(torch.bfloat16)(q, k)
+    assert low.dtype == torch.float32 and low.shape == (2, 2, 2)
+    torch.testing.assert_close(low, exact, rtol=0, atol=0.02)

@@ -27,8 +27,8 @@ def _pair_scaled(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
 def run_pair_scale(call: Call) -> torch.Tensor:
     """Plain RoPE rotated in attention with a pair scale: per query block starting at position ``c``, queries
     scaled by ``f(i - c)``, keys (rotated once, kept while decoding) by ``f(c - j)``."""
-    term = call.program.rule
-    if term is None or term.rule is not None:
+    term = call.program.position_rule
+    if term is None or term.config is not None:
         raise ValueError("a pair scale (xpos) runs on plain RoPE rotated in attention, not with a position rule")
     (pair,) = call.program.of_type(PairScale)
     inv_freq, attention_factor = term.frequencies(call.position_ids, call.k.shape[2], call.q.device)

@@ -49,12 +49,12 @@ class Term:
 
 @dataclass(eq=False)
 class PositionRule(Term):
-    """RoPE on unrotated queries and keys at positions the rule maps (``rule``: an attention-method config with
+    """RoPE on unrotated queries and keys at positions the rule maps (``config``: a position-rule config with
     ``regions()``, and ``relative(i, j)`` for the reference; ``None``: plain RoPE), with the frequencies
     ``source.frequencies(position_ids, layer_type, device)`` gives for the call (a dynamic method follows the
     current length). ``original`` is the rule's ``L``; ``native`` the model config's."""
 
-    rule: Any
+    config: Any
     source: Any
     layer_type: str | None
     original: int
@@ -62,13 +62,13 @@ class PositionRule(Term):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return "rope" if self.rule is None else self.rule.method
+        return "rope" if self.config is None else self.config.method
 
     def describe(self) -> str:
-        if self.rule is None:
+        if self.config is None:
             return "rope (rotated in attention)"
-        options = ", ".join(f"{k}={v}" for k, v in self.rule.to_dict().items() if k != "method")
-        return f"{self.rule.method}({options})"
+        options = ", ".join(f"{k}={v}" for k, v in self.config.to_dict().items() if k != "method")
+        return f"{self.config.method}({options})"
 
     def frequencies(self, position_ids: torch.Tensor | None, m: int, device) -> tuple[torch.Tensor, Any]:
         length_ids = position_ids if position_ids is not None else torch.full((1, 1), m - 1, device=device)
@@ -160,8 +160,8 @@ class AttentionProgram:
 
     def add(self, term: Term) -> None:
         """Add ``term``; raises ``ValueError`` when the layer's kernel cannot run it beside the others."""
-        if isinstance(term, PositionRule) and self.rule is not None:
-            raise ValueError(f"a layer takes one position rule; it has {self.rule.name}, got {term.name}")
+        if isinstance(term, PositionRule) and self.position_rule is not None:
+            raise ValueError(f"a layer takes one position rule; it has {self.position_rule.name}, got {term.name}")
         terms = [*self.terms, term]
         kernel = _kernel_for(terms)
         refused = [t.name for t in terms if not isinstance(t, (Wrapper, QueryScale)) and not isinstance(t, kernel.handles)]
@@ -173,7 +173,7 @@ class AttentionProgram:
         return [t for t in self.terms if isinstance(t, cls)]
 
     @property
-    def rule(self) -> PositionRule | None:
+    def position_rule(self) -> PositionRule | None:
         rules = self.of_type(PositionRule)
         return rules[0] if rules else None
 

@@ -71,7 +71,7 @@ def program_reference(call: Call) -> torch.Tensor:
     and keys as they arrived without a rule), the causal (and sliding-window) mask by index, each query scale's
     multiplier and each bias, one float64 softmax."""
     program = call.program
-    rule = program.rule
+    rule = program.position_rule
     n, m = call.q.shape[2], call.k.shape[2]
     frequencies = None if rule is None else rule.frequencies(call.position_ids, m, call.q.device)
 
@@ -93,7 +93,7 @@ def program_reference(call: Call) -> torch.Tensor:
         if rule is None:
             return plain_attention(q, k, v, allowed=allowed[None], scaling=call.scale, query_scale=multiplier[None], bias=bias)
         inv_freq, attention_factor = frequencies
-        rel = i - j if rule.rule is None else rule.rule.relative(i, j)
+        rel = i - j if rule.config is None else rule.config.relative(i, j)
         pair_factor = None
         for term in program.of_type(PairScale):  # (the paper's relative form: no block offsets, float64)
             zeta = xpos_zeta(term.dim, term.method.gamma).to(q.device)
@@ -129,12 +129,12 @@ def two_matrix_kernel(call: Call) -> torch.Tensor:
     """The reference repositories' strategy for a window rule (ReRoPE's ``rerope_patch.py``): two full ``n x n``
     score matrices, one with plain RoPE and one with the far rotation, joined by ``where(rel < w)``; for
     benchmarks (``kernel_override``), unpadded rows whose positions are the keys' own, no other terms."""
-    rule = call.program.rule
-    if rule is None or not hasattr(rule.rule, "far_query") or len(call.program.terms) != 1 or call.rows is not None:
+    rule = call.program.position_rule
+    if rule is None or not hasattr(rule.config, "far_query") or len(call.program.terms) != 1 or call.rows is not None:
         raise ValueError("two_matrix_kernel runs a window rule alone on unpadded rows")
     inv_freq, attention_factor = rule.frequencies(call.position_ids, call.k.shape[2], call.q.device)
     return two_matrix_attention(
-        call.q, call.k, call.v, method=rule.rule, inv_freq=inv_freq, attention_factor=attention_factor, scaling=call.scale
+        call.q, call.k, call.v, method=rule.config, inv_freq=inv_freq, attention_factor=attention_factor, scaling=call.scale
     )
 
 

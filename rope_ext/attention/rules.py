@@ -73,21 +73,21 @@ def run_rule(call: Call) -> torch.Tensor:
     """A program with a position rule: per row group, the fast runner of the rule's class (``fast_runner_for``) for
     rows at positions ``0..m-1``; the general path (its ``regions()`` as masked calls) for other rows, and for every
     row when no fast runner is registered along the rule's MRO."""
-    term = call.program.rule
+    term = call.program.position_rule
     device = call.q.device
     inv_freq, attention_factor = term.frequencies(call.position_ids, call.k.shape[2], device)
     bias = blocks.bias_function(call)
     far_limit = None if call.sliding_window is None else call.sliding_window - 1
-    fast = fast_runner_for(term.rule)  # (None: no runner for this rule's class, the general path)
+    fast = fast_runner_for(term.config)  # (None: no runner for this rule's class, the general path)
 
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = blocks.scaled_queries(call, group), group.k, group.v
         acc = blocks.accumulator_for(call, q, k, v, bias)
         if group.contiguous and fast is not None:
             keys = KeyRotation(term, group.keep, inv_freq, attention_factor)
-            fast(acc, term.rule, q, k, v, call.scale, group.q_pos, keys, bias, far_limit)
+            fast(acc, term.config, q, k, v, call.scale, group.q_pos, keys, bias, far_limit)
         else:
-            regions = [(r.allowed, r.query, r.key) for r in _regions(term.rule)]
+            regions = [(r.allowed, r.query, r.key) for r in _regions(term.config)]
             rotation = KeyRotation(term, NOWHERE, inv_freq, attention_factor)
             blocks.masked_blocks(acc, q, k, v, call.scale, group, regions, bias, far_limit, rotation)
         return acc.out.to(q.dtype)

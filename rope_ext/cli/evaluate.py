@@ -16,14 +16,13 @@ from rope_ext.eval.plan import (
     check_ppl_options,
     common_run_config,
     load_for_evaluation,
-    normalised,
     perplexity_run,
     same_targets_config,
     site_options_of,
 )
 from rope_ext.eval.plot import plot_run
 from rope_ext.eval.run import added_lengths_problem, check_methods, folder_lengths, run_passkey, run_perplexity
-from rope_ext.runs.folder import writable_folder
+from rope_ext.runs.folder import normalised, writable_folder
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.runs.specs import parse_methods

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from rope_ext.runs.folder import writable_folder
 from rope_ext.runs.specs import parse_methods
-from rope_ext.runs.values import PARSERS, field_kinds, nonempty
+from rope_ext.runs.values import PARSERS, field_kinds, name_list, nonempty, parse_length, parse_lengths
 from rope_ext.train.config import MAX_THREADS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -47,25 +47,16 @@ def layer_type_list(text: str) -> list[str]:
 
 
 def length_list(text: str) -> list[int]:
-    from rope_ext.runs.values import parse_lengths
-
     return parse_lengths(text)
 
 
 def min_tokens(text: str) -> int:
-    from rope_ext.runs.values import parse_length
-
     return 0 if text.strip() == "0" else parse_length(text)
-
-
 
 
 def file_list(text: str) -> list[str]:
     """Comma-separated files (a flag with ``nargs="+"`` also takes them space-separated)."""
-    files = [part.strip() for part in text.split(",") if part.strip()]
-    if not files:
-        raise ValueError("must not be empty; give files, comma- or space-separated")
-    return files
+    return name_list(text, "must not be empty; give files, comma- or space-separated")
 
 
 def model_name_or_path(text: str) -> str:
@@ -172,12 +163,6 @@ class Once(argparse.Action):
         if getattr(namespace, self.dest) is not None:
             raise argparse.ArgumentError(self, "given twice; give one file (flags override it)")
         setattr(namespace, self.dest, values)
-
-
-
-
-
-
 
 
 # --- parser -----------------------------------------------------------------------------------------

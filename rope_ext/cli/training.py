@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from rope_ext.cli.options import config_flags
 from rope_ext.runs.models import merge
@@ -11,12 +13,18 @@ from rope_ext.train.finetune import finetune
 from rope_ext.train.pretrain import train
 
 
-def cmd_finetune(args: argparse.Namespace) -> int:
-    flags = config_flags(args, FinetuneConfig)
-    config = FinetuneConfig.from_sources(args.config, flags)
-    record = finetune(config, overwrite=args.overwrite).record
+def run_command(args: argparse.Namespace, cls: type, command: Callable) -> tuple[Any, dict]:
+    """The run configuration of ``cls`` from ``--config`` and the flags, run by ``command``; its record printed."""
+    config = cls.from_sources(args.config, config_flags(args, cls))
+    record = command(config, overwrite=args.overwrite).record
     if record:
         print_run(record)
+    return config, record
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    config, record = run_command(args, FinetuneConfig, finetune)
+    if record:
         if not config.full:
             print(f"output: {config.out}/ (rope-ext merge {config.out} OUT: a standalone model)")
         else:
@@ -32,11 +40,8 @@ def print_run(record: dict) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    flags = config_flags(args, TrainConfig)
-    config = TrainConfig.from_sources(args.config, flags)
-    record = train(config, overwrite=args.overwrite).record
+    config, record = run_command(args, TrainConfig, train)
     if record:
-        print_run(record)
         if record.get("patch"):
             evaluate = f"--methods saved,...: 'saved' (the default there) evaluates it as trained under {config.methods}"
         else:

@@ -16,14 +16,14 @@ import torch
 
 from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
 from rope_ext.eval.run import plan_targets, target_ends
-from rope_ext.runs.folder import normalised, resolved
+from rope_ext.runs.folder import resolved
 from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
 from rope_ext.runs.saved import keep_saved_patch
 
-__all__ = ["normalised"]
 
-
-def load_for_evaluation(args: argparse.Namespace):
+def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, int | None]:
+    """``(model, tokenizer, native context)`` of ``args.model``, checked against the protocol; a model saved while
+    patched is unpatched first (its patch kept for the spec ``saved``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

@@ -176,8 +176,8 @@ def rope_ext_attention(
             "Pass attention_mask as transformers' tokenizers make it"
         )
     sliding_window = kwargs.get("sliding_window") or None
-    rule = program.rule
-    if sliding_window is not None and rule is not None and rule.rule is not None:
+    rule = program.position_rule
+    if sliding_window is not None and rule is not None and rule.config is not None:
         raise ValueError(f"layer {getattr(module, 'layer_idx', '?')}: a sliding-window layer cannot take {rule.name}")
     n, m = query.shape[2], key.shape[2]
     # a sliding layer's plain attention depends on distances alone and a sliding cache keeps just its last keys:
@@ -243,7 +243,7 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> N
             f"rope_ext attention does not support a static (preallocated) cache ({type(layer).__name__} layers); use "
             "the default dynamic cache (generate(..., cache_implementation=None))"
         )
-    if program.rule is not None:
+    if program.position_rule is not None:
         _check_cache_written_by(program, layer, index)
         program.pending = cache_link(layer)
     elif getattr(layer, "is_sliding", False) and program.of_type(Bias):  # (its length: where its kept keys start)
@@ -261,7 +261,7 @@ def _check_cache_written_by(program: AttentionProgram, layer: Any, index: int) -
     if layer.get_seq_length() > 0 and written_by != program.patch_id:
         who = "the model without this patch (its keys are rotated)" if written_by is None else "another rope_ext patch"
         raise ValueError(
-            f"the KV cache's layer {index} holds keys written by {who}; a patch with {program.rule.name} caches keys "
+            f"the KV cache's layer {index} holds keys written by {who}; a patch with {program.position_rule.name} caches keys "
             "unrotated, so this cache cannot be continued under it. Start a new cache (and do not continue a cache "
             "filled while patched after unpatching)"
         )

@@ -44,17 +44,17 @@ class PositionRuleInstaller(HookInstaller):
             # a stated L may reach what the rotation handles: DCA with 16k chunks on yarn:factor=2 of an 8k model
             check_length_within(method.method, method.original_max_position_embeddings,
                                 within if static else term.native, frequency if static else None)
-            term.rule = method.resolved(term.original)
-            mscale = getattr(term.rule, "mscale", False)
+            term.config = method.resolved(term.original)
+            mscale = getattr(term.config, "mscale", False)
             if mscale:
-                program.add(QueryScale(term.rule, term.rule.original))
-            limits.add(term.rule.intended_length(within))
+                program.add(QueryScale(term.config, term.config.original))
+            limits.add(term.config.intended_length(within))
         limit = None if None in limits else min(limits)
         builder.memo.setdefault("ranges", {})[self.kind] = (method.method, limit)
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
-        used = {term.rule for _, program in installed_programs(model) for term in program.of_type(PositionRule)
-                if type(term.rule) is type(method)}
+        used = {term.config for _, program in installed_programs(model) for term in program.of_type(PositionRule)
+                if type(term.config) is type(method)}
         return used.pop() if len(used) == 1 else method  # (layers resolved differently: no one value to state)
 
 
@@ -81,7 +81,7 @@ class QueryScaleInstaller(HookInstaller):
             if layer.layer_type not in chosen and None not in chosen:
                 continue
             key = layer.layer_type if layer.layer_type in chosen else None
-            rule = program.rule
+            rule = program.position_rule
             if rule is not None:
                 original, native = rule.original, rule.native
             elif rotary is not None and key in rotary.specs:

