@@ -442,15 +442,14 @@ def test_far_key_shortcuts_match_the_far_keys():
 def test_logn_is_max_1_ln_i_plus_1_over_ln_l_at_hand_values():
     i = torch.tensor([0, 100, 4095, 4096, 8191, 4096 * 4096 - 1])
     expected = [1.0, 1.0, 1.0, math.log(4097) / math.log(4096), 13 / 12, 2.0]
-    scale = LogNConfig().scale(i, 4096)
+    scale = LogNConfig().query_multiplier(i, 4096)
     torch.testing.assert_close(scale, hand(expected), rtol=1e-14, atol=0)
     assert scale.dtype == torch.float64
-    torch.testing.assert_close(LogNConfig().query_multiplier(i, 4096), hand(expected), rtol=1e-14, atol=0)
     # a stated L wins over the one passed (the model's)
-    stated = LogNConfig(original_max_position_embeddings=64).scale(torch.tensor([63, 4095, 8191]), 4096)
+    stated = LogNConfig(original_max_position_embeddings=64).query_multiplier(torch.tensor([63, 4095, 8191]), 4096)
     torch.testing.assert_close(stated, hand([1.0, 2.0, 13 / 6]), rtol=1e-14, atol=0)
     grid = torch.arange(0, 3 * L)
-    torch.testing.assert_close(LogNConfig().scale(grid, L), hand([logn(p, L) for p in range(3 * L)]), rtol=1e-14, atol=0)
+    torch.testing.assert_close(LogNConfig().query_multiplier(grid, L), hand([logn(p, L) for p in range(3 * L)]), rtol=1e-14, atol=0)
 
 
 def test_dca_mscale_squared_beyond_l_and_1_within():

@@ -89,7 +89,7 @@ def test_mappings_match_their_formulas():
 
 def test_logn_is_one_inside_the_original_context_and_grows_beyond():
     """``LogNConfig.scale`` (the one log-n formula: the fast path's and the reference's query scale)."""
-    scale = LogNConfig().scale(torch.arange(0, 256), 64)
+    scale = LogNConfig().query_multiplier(torch.arange(0, 256), 64)
     assert torch.all(scale[:64] == 1.0)
     torch.testing.assert_close(scale[255], torch.tensor(math.log(256) / math.log(64), dtype=torch.float64))
     assert torch.all(scale[64:] > 1.0)

@@ -30,9 +30,7 @@ class LogNConfig(MethodConfig):
     #: ``L``; ``None`` means the rotation's (a frequency method's stated one, else the model config's)
     original_max_position_embeddings: int | None = option(None, context_length())
 
-    def scale(self, i: torch.Tensor, original: int) -> torch.Tensor:
+    def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
+        """``max(1, ln(i + 1) / ln L)`` at query positions ``i`` (float64)."""
         length = self.original_max_position_embeddings or original
         return torch.clamp(torch.log(i.to(torch.float64) + 1) / math.log(length), min=1.0)
-
-    def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
-        return self.scale(i, original)
