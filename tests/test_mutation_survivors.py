@@ -25,6 +25,7 @@ def test_sandwich_at_distances_up_to_its_table_and_past_it():
     module = make_config("sandwich").module(8, head_dim=64)
     for d in (1024, 1025, 3000, 10):
         bias = module(torch.tensor([float(d)]), torch.tensor([0.0]))  # [8, 1, 1]
+        assert bias.dtype == torch.float32  # (BiasConfig's contract; the table is computed in float64)
         expected = [_sandwich_by_hand(d, 64, h, 8) for h in range(1, 9)]
         assert bias[:, 0, 0].tolist() == pytest.approx(expected, abs=4e-6), d
     fresh = make_config("sandwich").module(8, head_dim=64)  # (a first call past the initial 1,024 rows)
@@ -75,3 +76,16 @@ def test_fire_runs_in_the_dtype_of_its_mlp():
     low = fire.to(torch.bfloat16)(q, k)
     assert low.dtype == torch.float32 and low.shape == (2, 2, 2)
     torch.testing.assert_close(low, exact, rtol=0, atol=0.02)
+
+
+def test_fire_mlp_starts_as_pytorchs_linear_default():
+    """FIRE's MLP starts as ``nn.Linear``'s default (the reference builds plain ``nn.Linear`` layers): weights and
+    biases uniform on (-1/sqrt(fan_in), 1/sqrt(fan_in)), here 1 for the first layer (one input) and 1/64 for the
+    second (4,096 hidden units); drawn from the patch's own generator."""
+    fire = make_config("fire", width=4096).module(64)
+    for values, bound in [(fire.mlp[0].weight, 1.0), (fire.mlp[0].bias, 1.0),
+                          (fire.mlp[2].weight, 1 / 64), (fire.mlp[2].bias, 1 / 64)]:
+        values = values.detach().double().flatten()
+        close = 0.98 if values.numel() > 1000 else 0.85  # (64 biases: their extremes lie further in)
+        assert -bound <= values.min().item() < -close * bound and close * bound < values.max().item() <= bound
+        assert abs(values.mean().item()) < 0.1 * bound
