@@ -630,7 +630,7 @@ def test_cli_site_options_reach_patch(tmp_path, tiny_checkpoint, capsys):
     run = json.loads((tmp_path / "run" / "ppl.json").read_text())["run"]
     assert run["site_options"] == {"replace_scaling": True}
     assert main([*args[:-3], "--out", str(tmp_path / "other"), "--layer-types", "full_attention", "--no-plot"]) == 2
-    assert "one rotary embedding; layer_types must be None" in capsys.readouterr().err
+    assert "one rotary embedding for every layer (no layer types to choose from); leave layer_types out" in capsys.readouterr().err
 
 
 def test_plot_of_a_malformed_results_file_names_it(tmp_path, capsys):

@@ -293,7 +293,7 @@ def test_factor_below_one_is_refused(method):
          r"original_max_position_embeddings=128 exceeds the model's original context 64 .*valid: 2..64"),
         ("llama", "pi", {"factor": 2.0, "original_max_position_embeddings": 32}, ValueError,
          r"pi: original_max_position_embeddings has no effect"),
-        ("llama", "yarn", {"factor": 2.0, "layer_types": []}, ValueError, r"one rotary embedding; layer_types must be None"),
+        ("llama", "yarn", {"factor": 2.0, "layer_types": []}, ValueError, r"one rotary embedding for every layer \(no layer types to choose from\); leave layer_types out"),
         ("gemma3", "yarn", {"factor": 2.0, "layer_types": []}, ValueError,
          r"layer_types is empty; choose at least one of \['full_attention', 'sliding_attention'\]"),
         ("gemma3", "yarn", {"factor": 2.0, "layer_types": "full_attention"}, ValueError,

@@ -200,7 +200,8 @@ def test_gemma3_patches_full_attention_by_default_and_is_selectable():
     rope_ext.unpatch(model)
     with pytest.raises(ValueError, match=r"unknown layer_types \['global'\]; valid layer types: "):
         rope_ext.patch(model, "pi", factor=4.0, layer_types=["global"])
-    with pytest.raises(ValueError, match=r"one rotary embedding; layer_types must be None"):
+    with pytest.raises(ValueError, match=r"one rotary embedding for every layer \(no layer types to choose from\); "
+                                         r"leave layer_types out \(--layer-types\), got \['full_attention'\]"):
         rope_ext.patch(tiny_model("llama"), "pi", factor=4.0, layer_types=["full_attention"])
 
 

@@ -163,7 +163,10 @@ class RotarySite(Site):
             raise ValueError(f"{self.family}: layer_types must be a list of layer types, got {requested!r}")
         if not available:
             if requested is not None:
-                raise ValueError(f"{self.family}: this model has one rotary embedding; layer_types must be None")
+                raise ValueError(
+                    f"{self.family}: this model has one rotary embedding for every layer (no layer types to choose "
+                    f"from); leave layer_types out (--layer-types), got {requested!r}"
+                )
             return [None]
         available = list(available)
         if requested is None:
