@@ -73,6 +73,46 @@ def test_merge_overwrite_into_another_finetune_leaves_none_of_its_adapter(checkp
         torch.testing.assert_close(merged(ids()).logits, expected, rtol=0, atol=2e-5)
 
 
+def test_merge_never_writes_over_the_finetunes_base_nor_a_folder_holding_it(checkpoint, finetuned, tmp_path):
+    """(A second trial: ``merge FT BASE --overwrite`` replaced the base's weights, and the fine-tune then loaded its
+    adapter onto the merged model, silently.)"""
+    base = Path(checkpoint[0])
+    before = {p.name: p.stat().st_mtime_ns for p in base.iterdir()}
+    for out in (base, base / "inside", base.parent):
+        assert main(["merge", str(finetuned), str(out), "--overwrite"]) == 2
+    assert main(["merge", str(finetuned), str(finetuned.parent), "--overwrite"]) == 2  # (it holds the fine-tune)
+    assert {p.name: p.stat().st_mtime_ns for p in base.iterdir()} == before
+
+
+def test_overwrite_removes_an_evaluations_files_and_an_evaluation_never_writes_into_a_models_folder(
+    checkpoint, finetuned, tmp_path
+):
+    from rope_ext.runs.folder import clear_outputs
+
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    names = ["ppl.json", "ppl.csv", "ppl_records.jsonl", "ppl_run.json", "ppl_summary.csv", "ppl.png",
+             "passkey.json", "passkey_records.jsonl", "notes.txt"]
+    for name in names:
+        (folder / name).write_text("x")
+    clear_outputs(folder)
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    command = ["eval", "ppl", "--model", str(checkpoint[0]), "--methods", "none", "--lengths", "64", "--target-tokens",
+               "16", "--text-files", str(checkpoint[1][0]), "--no-plot", "--overwrite", "--out"]
+    for out in (finetuned, checkpoint[0]):
+        kept = sorted(p.name for p in Path(out).iterdir())
+        assert main([*command, str(out)]) == 2
+        assert sorted(p.name for p in Path(out).iterdir()) == kept
+    assert main([*command, str(tmp_path / "results")]) == 0  # (the same evaluation, into a folder of its own)
+
+
+@pytest.mark.parametrize("option, value", [("--lengths", "64,,128"), ("--lengths", "64,"), ("--depths", "0.1,,0.5")])
+def test_an_empty_item_in_a_list_is_refused(option, value, capsys):
+    command = "passkey" if option == "--depths" else "ppl"
+    assert main(["eval", command, option, value, "--out", "/nonexistent/never"]) == 2
+    assert "(two commas in a row, or one at an end)" in capsys.readouterr().err
+
+
 # --- 2. from_pretrained of a LoRA folder ----------------------------------------------------------------------
 
 

@@ -22,14 +22,20 @@ from rope_ext.eval.plan import (
 )
 from rope_ext.eval.plot import plot_run
 from rope_ext.eval.run import added_lengths_problem, check_methods, folder_lengths, run_passkey, run_perplexity
-from rope_ext.runs.folder import normalised, writable_folder
+from rope_ext.runs.folder import holds_model, normalised, writable_folder
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.runs.specs import parse_methods
 
 
 def check_out(out: str) -> None:
+    """A folder an evaluation may write into: writable, and not a model's (``--overwrite`` would not be asked to
+    delete a fine-tune's adapter, nor its records to sit beside one)."""
     writable_folder(out)
+    found = holds_model(out)
+    if found:
+        raise ValueError(f"--out {out} holds a model ({found}): evaluation results go to a folder of their own; give "
+                         "another --out (the model itself goes to --model)")
 
 
 def choose_methods(args: argparse.Namespace) -> None:

@@ -24,9 +24,10 @@ MAX_TRIALS = 10_000  # keys per cell: more is a typo, not a run
 
 def parse_depths(text: str) -> list[float]:
     depths = set()
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
+    parts = [p.strip() for p in text.split(",")]
+    if any(parts) and not all(parts):
+        raise ValueError(f"an empty depth in {text!r} (two commas in a row, or one at an end); give each depth once")
+    for part in filter(None, parts):
         try:
             depth = float(part)
         except ValueError:
@@ -136,6 +137,7 @@ def config_parser(cls: type) -> argparse.ArgumentParser:
         if action.dest not in fields or action.option_strings[0].startswith("--no"):
             continue
         f, (kind, _) = fields[action.dest], kinds[action.dest]
+        action.option_strings.sort(key=lambda flag: "_" in flag)  # (--lora-r shown first, --lora_r kept)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = ",".join(default) if isinstance(default, list) else default
         if "default" not in (action.help or ""):

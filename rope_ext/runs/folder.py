@@ -84,8 +84,15 @@ ALL_OUTPUTS = (*FINETUNE_OUTPUTS, "adapter_model.bin", "pytorch_model.bin", "mod
                TRAIN_RUN_FILE, TRAIN_CONFIG_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "spm.model", "added_tokens.json",
                "chat_template.jinja")
-#: the shards of a large model's weights
-SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin")
+#: the shards of a large model's weights, and the files of an evaluation (``rope_ext.runs.results``: ppl, passkey)
+SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "ppl.*", "ppl_*", "passkey.*", "passkey_*")
+#: files that make a folder a model's (a fine-tune, a merged or trained model): an evaluation never writes there
+MODEL_FILES = ("config.json", "adapter_config.json", RUN_FILE, "train.json")
+
+
+def holds_model(path: str | os.PathLike) -> str | None:
+    """The first of ``MODEL_FILES`` in ``path`` (``None``: none, or no folder)."""
+    return next((name for name in MODEL_FILES if (Path(path) / name).is_file()), None)
 
 
 def is_finetune_folder(path: str | os.PathLike) -> bool:
@@ -172,7 +179,8 @@ def comparable(key: str, value: Any) -> Any:
 
 
 def clear_outputs(out: Path, outputs: tuple[str, ...] = ALL_OUTPUTS) -> None:
-    """Remove the files rope-ext commands write (``outputs``, the weight shards, the checkpoints) from ``out``."""
+    """Remove the files rope-ext commands write (``outputs``, the weight shards, an evaluation's files, the
+    checkpoints) from ``out``."""
     out = Path(out)
     remove_checkpoints(out)
     for name in outputs:

@@ -293,11 +293,8 @@ def _resolve(config: Any, path: str) -> tuple[Any, str]:
     for owner in owners:
         config = getattr(config, owner)
     return config, name
-def load_finetune_base(path: str | os.PathLike, dtype: torch.dtype | None = None) -> nn.Module:
-    """The base model a fine-tune folder names, patched as it was trained (what its adapter applies to)."""
-    from transformers import AutoConfig
-
-
+def finetune_base_name(path: str | os.PathLike) -> str:
+    """The base model a fine-tune folder's ``finetune.json`` names (an absolute folder, a hub id or ``default``)."""
     path = Path(path)
     try:
         record = json.loads((path / RUN_FILE).read_text())
@@ -306,6 +303,15 @@ def load_finetune_base(path: str | os.PathLike, dtype: torch.dtype | None = None
     name = record.get("base_model") if isinstance(record, dict) else None
     if not isinstance(name, str) or not name:
         raise ValueError(f"{path / RUN_FILE} names no base_model (the model the adapter was trained on)")
+    return name
+
+
+def load_finetune_base(path: str | os.PathLike, dtype: torch.dtype | None = None) -> nn.Module:
+    """The base model a fine-tune folder names, patched as it was trained (what its adapter applies to)."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    name = finetune_base_name(path)
     if name != "default" and os.path.isabs(name) and not os.path.isdir(name):
         raise ValueError(f"{path}: its base model {name} ({RUN_FILE}'s base_model) is not found; the adapter needs it")
     base, _ = load_model(name, dtype=dtype or torch.float32)
@@ -342,7 +348,6 @@ def merge(folder: str | os.PathLike, out: str | os.PathLike, overwrite: bool = F
     ``rope_parameters`` where the method has an equivalent, the ``rope_ext`` block always)."""
     from transformers import AutoTokenizer
 
-
     folder, out = Path(folder), Path(out)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder; give the --out folder of rope-ext finetune")
@@ -359,8 +364,12 @@ def merge(folder: str | os.PathLike, out: str | os.PathLike, overwrite: bool = F
     if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise ValueError(f"{folder} has no adapter weights (adapter_model.safetensors); re-run the fine-tune to write them")
     writable_folder(str(out))
-    if within(out, folder):
-        raise ValueError(f"{out} is the fine-tune folder or inside it; write the merged model to another folder")
+    if within(out, folder) or within(folder, out):
+        raise ValueError(f"{out} is the fine-tune folder, inside it or holds it; write the merged model to another folder")
+    base = finetune_base_name(folder)
+    if base != "default" and os.path.isdir(base) and (within(out, base) or within(base, out)):
+        raise ValueError(f"{out}: the fine-tune's base model {base} is there (or the one is inside the other); the "
+                         "adapter needs that base as it is: write the merged model to another folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out} is not empty; give a new folder or --overwrite")
     try:

@@ -28,10 +28,13 @@ def parse_length(text: str) -> int:
 
 
 def parse_lengths(text: str) -> list[int]:
-    lengths = sorted({parse_length(part) for part in text.split(",") if part.strip()})
-    if not lengths:
+    """``"4k,8k"`` -> ``[4096, 8192]`` (sorted, once each)."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
         raise ValueError("give at least one length")
-    return lengths
+    if not all(parts):
+        raise ValueError(f"an empty length in {text!r} (two commas in a row, or one at an end); give each length once")
+    return sorted({parse_length(part) for part in parts})
 
 
 KINDS = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
