@@ -382,9 +382,10 @@ def test_missing_data_and_unreadable_config_are_refused(checkpoint, tmp_path, ca
 def test_a_folder_of_another_configuration_is_refused(checkpoint, tmp_path, capsys):
     finetune(_config(checkpoint, tmp_path / "run", max_steps=2))
     finetune(_config(checkpoint, tmp_path / "run", max_steps=2, methods="yarn:factor=4.0"))  # (the same run: complete)
-    with pytest.raises(ValueError, match=r"holds a run of another configuration \(methods: 'yarn:factor=4' there"):
+    with pytest.raises(ValueError,
+                       match=r"holds a run of another configuration \(differs in: methods: 'yarn:factor=4' before"):
         finetune(_config(checkpoint, tmp_path / "run", max_steps=2, methods="yarn:factor=4.5"))
-    with pytest.raises(ValueError, match=r"holds a run of another configuration \(lora_r: 8 there, 4 now\)"):
+    with pytest.raises(ValueError, match=r"holds a run of another configuration \(differs in: lora_r: 8 before, 4 now\)"):
         finetune(_config(checkpoint, tmp_path / "run", max_steps=2, lora_r=4))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")

@@ -334,7 +334,7 @@ def test_a_train_folder_of_an_older_rope_ext_resumes_without_a_tokenizer_option(
     del options["tokenizer"]  # (written before --tokenizer existed: the default model's)
     (out / "train_config.json").write_text(json.dumps(options))
     assert train(train_config(checkpoint, out)).model is None  # the same run: complete
-    with pytest.raises(ValueError, match=r"tokenizer: 'default' there, '/"):
+    with pytest.raises(ValueError, match=r"tokenizer: 'default' before, '/"):
         train(train_config(checkpoint, out, tokenizer=str(checkpoint[0])))
 
 

@@ -139,15 +139,16 @@ def check_folder(
         raise ValueError(f"--out {config.out}: {config_file} is unreadable; give --overwrite to start again") from None
     current = resolved_options(config)
     defaults = option_defaults(config)  # (an option newer than the folder's run: its default there)
-    differ = [k for k in sorted(set(saved) | set(current))
-              if k not in MAY_CHANGE and comparable(k, saved.get(k, defaults.get(k))) != comparable(k, current.get(k))]
-    if "max_steps" not in differ and saved.get("max_steps") != current["max_steps"] and config.schedule in ("linear", "cosine"):
-        differ.append("max_steps")  # (the schedule's length: a resumed run would follow another curve)
+    before = {k: saved.get(k, defaults.get(k)) for k in sorted(set(saved) | set(current))}
+    differ = [f"{k}: {before[k]!r} before, {current.get(k)!r} now" for k in before  # (evaluation's wording)
+              if k not in MAY_CHANGE and comparable(k, before[k]) != comparable(k, current.get(k))]
+    if saved.get("max_steps") != current["max_steps"] and config.schedule in ("linear", "cosine"):
+        differ.append(f"max_steps: {saved.get('max_steps')!r} before, {current['max_steps']!r} now (the "
+                      f"{config.schedule} schedule's length: a resumed run would follow another curve)")
     if differ:
-        shown = "; ".join(f"{k}: {saved.get(k, defaults.get(k))!r} there, {current.get(k)!r} now" for k in differ[:4])
         raise ValueError(
-            f"--out {config.out} holds a run of another configuration ({shown}); re-run with its options to resume, "
-            "or give another --out, or --overwrite"
+            f"--out {config.out} holds a run of another configuration (differs in: {'; '.join(differ[:4])}); re-run "
+            "with its options to resume, or give another --out, or --overwrite"
         )
     return saved
 
