@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rope_ext.cli.options import joined
 from rope_ext.eval.data import load_documents, tokenize_documents
 from rope_ext.eval.passkey import prompt_overhead
 from rope_ext.eval.plan import (
@@ -78,7 +79,7 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     check_ppl_options(args)
     check_out(args.out)
     if args.text_files:  # (comma- or space-separated)
-        args.text_files = [name for group in args.text_files for name in ([group] if isinstance(group, str) else group)]
+        args.text_files = joined(args.text_files)
     choose_methods(args)
     site_options = site_options_of(args)  # (checked before the model loads)
     given = [option for option, value in (("--split", args.split), ("--text-column", args.text_column)) if value]

@@ -23,17 +23,7 @@ def method_doc(cls: type) -> str:
         pattern = rf"^\* ``{re.escape(cls.method)}`` -- (.*?)(?=^\* |^\S|\Z)"
         match = re.search(pattern, (module.__doc__ or "") if module else "", flags=re.MULTILINE | re.DOTALL)
         doc = match[1] if match else ""
-        if not doc and module is not None and own_module(cls, module):
-            doc = module.__doc__ or ""  # (a module of one method: its docstring is the method's)
     return inspect.cleandoc(doc) if doc.strip() else ""
-
-
-def own_module(cls: type, module: object) -> bool:
-    """Whether ``cls`` is the one registered method config its module defines."""
-    names = set(list_methods())
-    defined = [value for value in vars(module).values() if isinstance(value, type)
-               and value.__module__ == module.__name__ and getattr(value, "method", None) in names]
-    return defined == [cls]
 
 
 def first_sentence(doc: str) -> str:

@@ -151,11 +151,16 @@ def config_parser(cls: type) -> argparse.ArgumentParser:
     return parser
 
 
+def joined(groups: list[list[str]]) -> list[str]:
+    """A list flag's values, given comma- or space-separated (``--exclude a,b c``), as one list: ``[a, b, c]``."""
+    return [name for group in groups for name in group]
+
+
 def config_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The values of ``cls``'s flags as parsed (``None``: not given); a list's comma-separated groups joined."""
     flags = {name: getattr(args, name) for name in config_fields(cls)}
-    return {name: [n for group in value for n in group] if isinstance(value, list) and value
-            and isinstance(value[0], list) else value for name, value in flags.items()}
+    return {name: joined(value) if isinstance(value, list) and value and isinstance(value[0], list) else value
+            for name, value in flags.items()}
 
 
 class Once(argparse.Action):

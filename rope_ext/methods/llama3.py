@@ -1,5 +1,7 @@
-"""Llama 3.1's frequency scaling (Meta 2024; a frequency method, formula in ``rope_ext.methods.frequency``):
-wavelengths ``> L/low_freq_factor`` divided by ``s``, ``< L/high_freq_factor`` kept, smooth interpolation between.
+"""Llama 3.1's frequency scaling (a frequency method; formula in ``rope_ext.methods.frequency``).
+
+* ``llama3`` -- Llama 3.1 (Meta 2024): wavelengths ``> L/low_freq_factor`` divided by ``s``, ``< L/high_freq_factor``
+  kept, smooth interpolation between.
 
 Checked against transformers' ``_compute_llama3_parameters`` (5.23.0): native parity is bitwise.
 """

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,7 +21,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rope_ext.installers.params import PARAMS_ATTR
 from rope_ext.runs.specs import one_spec
+
+#: the options that name local paths, compared resolved
+PATH_OPTIONS = ("model", "tokenizer", "dataset", "text_files")
 
 
 def writable_folder(text: str) -> str:
@@ -52,21 +57,17 @@ def resolved(value: Any) -> Any:
 
 def normalised(key: str, value: Any) -> Any:
     """Run configuration values as compared: paths resolved (a folder's older run files kept them as given)."""
-    return resolved(value) if key in ("model", "dataset", "text_files") else value
+    return resolved(value) if key in PATH_OPTIONS else value
 
 
-
+#: ``rope-ext finetune``'s record and options
 RUN_FILE = "finetune.json"
-
-
 CONFIG_FILE = "finetune_config.json"
 
 
 #: ``rope-ext train``'s record and options
 TRAIN_RUN_FILE = "train.json"
 TRAIN_CONFIG_FILE = "train_config.json"
-
-
 #: what a run read beside its options (``input_fingerprints``), checked when it resumes
 INPUTS_FILE = "inputs.json"
 
@@ -85,9 +86,9 @@ ALL_OUTPUTS = (*FINETUNE_OUTPUTS, "adapter_model.bin", "pytorch_model.bin", "mod
                "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "spm.model", "added_tokens.json",
                "chat_template.jinja")
 #: the shards of a large model's weights, and the files of an evaluation (``rope_ext.runs.results``: ppl, passkey)
-SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "ppl.*", "ppl_*", "passkey.*", "passkey_*")
+OUTPUT_PATTERNS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "ppl.*", "ppl_*", "passkey.*", "passkey_*")
 #: files that make a folder a model's (a fine-tune, a merged or trained model): an evaluation never writes there
-MODEL_FILES = ("config.json", "adapter_config.json", RUN_FILE, "train.json")
+MODEL_FILES = ("config.json", "adapter_config.json", RUN_FILE, TRAIN_RUN_FILE)
 
 
 def holds_model(path: str | os.PathLike) -> str | None:
@@ -103,12 +104,7 @@ def is_finetune_folder(path: str | os.PathLike) -> bool:
 
 def resolved_options(config: Any) -> dict[str, Any]:
     """The options as saved and compared: local paths resolved (``../doc.txt`` and its absolute path are one input)."""
-
-    options = config.options()
-    for key in ("model", "tokenizer", "dataset", "text_files"):
-        if key in options:
-            options[key] = resolved(options[key])
-    return options
+    return {key: normalised(key, value) for key, value in config.options().items()}
 
 
 def check_folder(
@@ -155,8 +151,6 @@ def check_folder(
 
 def option_defaults(config: Any) -> dict[str, Any]:
     """The default of each option of a run configuration (a dataclass)."""
-    import dataclasses
-
     return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
             for f in dataclasses.fields(config)
             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
@@ -179,14 +173,14 @@ def comparable(key: str, value: Any) -> Any:
     return value
 
 
-def clear_outputs(out: Path, outputs: tuple[str, ...] = ALL_OUTPUTS) -> None:
-    """Remove the files rope-ext commands write (``outputs``, the weight shards, an evaluation's files, the
+def clear_outputs(out: Path) -> None:
+    """Remove the files rope-ext commands write (``ALL_OUTPUTS``, the weight shards, an evaluation's files, the
     checkpoints) from ``out``."""
     out = Path(out)
     remove_checkpoints(out)
-    for name in outputs:
+    for name in ALL_OUTPUTS:
         (out / name).unlink(missing_ok=True)
-    for pattern in SHARDS:
+    for pattern in OUTPUT_PATTERNS:
         for path in out.glob(pattern):
             path.unlink()
 
@@ -194,9 +188,6 @@ def clear_outputs(out: Path, outputs: tuple[str, ...] = ALL_OUTPUTS) -> None:
 def input_fingerprints(parts: dict[str, Any]) -> dict[str, str]:
     """SHA-256 of what a run reads beside its options: the training windows' token ids and, where some weights stay
     frozen (LoRA), those weights as loaded. The same paths holding other text or another model give others."""
-    from rope_ext.installers.params import PARAMS_ATTR
-
-
     windows = parts["dataset"].windows.contiguous()
     found = {"windows_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest()}
     frozen = [(name, p) for name, p in parts["model"].named_parameters()  # (a patch's own: initialised, not read)
@@ -269,7 +260,6 @@ def complete_run(config: Any, resumed: dict[str, Any] | None, run_file: str) -> 
     return None
 
 
-
 # --- checkpoints ------------------------------------------------------------------------------------------
 
 
@@ -306,7 +296,6 @@ def drop_incomplete(out: Path) -> None:
 
 def remove_checkpoints(out: str | Path) -> None:
     shutil.rmtree(Path(out) / CHECKPOINTS, ignore_errors=True)
-
 
 
 def prune_checkpoints(out: str | Path, keep: int) -> None:
