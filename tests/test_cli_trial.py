@@ -268,7 +268,9 @@ def test_methods_lists_hook_kinds_and_meanings(capsys):
         assert line.split()[1] == get_method_class(name).hook and len(line.split()) > 3  # a meaning follows
         assert "(no description)" not in line, f"rope-ext methods prints no description for {name}: {line}"
     assert any(re.match(r"dca +attention +Dual Chunk Attention", line) for line in lines)
-    assert any(re.match(r"pi +frequency +Position Interpolation", line) for line in lines)  # (from the module doc)
+    assert any(re.match(r"pi +frequency +Position Interpolation", line) for line in lines)  # (its declared summary)
+    (yarn,) = [line for line in lines if line.startswith("yarn ")]  # (the summary's first sentence)
+    assert yarn.endswith("(or DeepSeek's mscale / mscale_all_dim ratio).") and "Saved as" not in yarn
 
 
 def test_methods_name_shows_options_types_defaults_and_documentation(capsys):
@@ -277,19 +279,54 @@ def test_methods_name_shows_options_types_defaults_and_documentation(capsys):
     assert out.startswith("yarn (hook kind: frequency)")
     assert re.search(r"^  factor +float +\(required\)$", out, flags=re.MULTILINE)
     assert re.search(r"^  beta_fast +float +32\.0$", out, flags=re.MULTILINE)
-    assert re.search(r"^  original_max_position_embeddings +int \| None +None: derived when patching \(from the "
-                     r"model's context", out, flags=re.MULTILINE)
+    assert re.search(r"^  original_max_position_embeddings +int \| None +None\n +L, the context the model was "
+                     r"trained at; None: the model config's", out, flags=re.MULTILINE)
     assert "YaRN" in out
     assert main(["methods", "dynamic_ntk"]) == 0
     assert re.search(r"^  factor +float +1\.0$", capsys.readouterr().out, flags=re.MULTILINE)
     assert main(["methods", "dca"]) == 0
     out = capsys.readouterr().out
-    assert "Dual Chunk Attention" in out and "chunk_size" in out and "Defaults ``chunk_size = 3L/4``" in out
+    assert "Dual Chunk Attention" in out and "chunk_size" in out and "None: 3L/4 (the reference's)" in out
     for name in ("t5_bucket_extend", "deberta_bucket_stretch", "xlnet_interp"):  # (None means "not given": refused)
         assert main(["methods", name]) == 0
         assert re.search(r"^  factor +float \| None +\(required\)$", capsys.readouterr().out, flags=re.MULTILINE)
     assert main(["methods", "yarm"]) == 2
     assert "rope-ext: error: unknown method 'yarm'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk" in capsys.readouterr().err
+
+
+def option_meanings(out: str) -> dict[str, str]:
+    """Each option row of ``rope-ext methods NAME`` and the indented lines under it, joined: ``{option: meaning}``."""
+    meanings: dict[str, list[str]] = {}
+    rows = out.split("options (set in a spec as name:option=value):\n", 1)[1].splitlines()
+    for line in rows:
+        if re.match(r"^  \S", line):
+            meanings[line.split()[0]] = []
+        else:
+            assert line.startswith("      ") and len(line) <= 100, f"a meaning line not wrapped and indented: {line!r}"
+            meanings[list(meanings)[-1]].append(line.strip())
+    return {name: " ".join(lines) for name, lines in meanings.items()}
+
+
+def test_methods_name_prints_each_options_declared_meaning_under_it(capsys):
+    import dataclasses
+
+    import rope_ext
+    from rope_ext.methods import get_method_class
+    from rope_ext.methods.options import meaning_of
+
+    assert main(["methods", "yarn"]) == 0
+    meanings = option_meanings(capsys.readouterr().out)
+    assert meanings["truncate"] == ("whether the correction range's bounds (the ramp's ends as dimension indices) are "
+                                    "floored and ceiled to whole dimensions, as transformers and the YaRN reference do; "
+                                    "False: kept fractional")
+    assert "DeepSeek's attention-temperature" in meanings["mscale"] and "rotations" in meanings["beta_fast"]
+    for name in rope_ext.list_methods():  # (every option of every method: its declared meaning, nothing else)
+        cls = get_method_class(name)
+        assert main(["methods", name]) == 0
+        out = capsys.readouterr().out
+        assert " ".join(cls.summary.split()).replace("``", "") in " ".join(out.split())
+        declared = {f.name: " ".join(meaning_of(f).split()).replace("``", "") for f in dataclasses.fields(cls)}
+        assert option_meanings(out) == declared and "(no description)" not in out
 
 
 # --- 7. every bad value: `rope-ext: error: ...` naming the option, status 2, nothing written -----------

@@ -309,7 +309,7 @@ def test_launch_configs_load_with_accelerates_loader(name, kind):
 def test_yaml_and_flags_override_in_one_style(checkpoint, tmp_path):
     model, files = checkpoint
     path = tmp_path / "run.yaml"
-    path.write_text(f"model: {model}\nmethods: [yarn:factor=4, dca]\nwindow: 1k\nlora-r: 4\ntext_files: {files[0]}\n")
+    path.write_text(f"model: {model}\nmethods: [yarn:factor=4+dca]\nwindow: 1k\nlora-r: 4\ntext_files: {files[0]}\n")
     assert read_yaml(path) == {"model": str(model), "methods": "yarn:factor=4+dca", "window": 1024, "lora_r": 4,
                                "text_files": [files[0]]}
     config = FinetuneConfig.from_sources(path, {"lora_r": 16, "lr": None})
@@ -367,7 +367,7 @@ def test_missing_data_and_unreadable_config_are_refused(checkpoint, tmp_path, ca
         assert message in capsys.readouterr().err
     for text, message in [("lora_rank: 4\n", "unknown option 'lora_rank'; options:"),
                           ("lora_r: 4\nlora-r: 8\n", "'lora_r' is given twice"),
-                          (f"model: {model}\ntext_files: []\n", "--text-files: an empty list"),
+                          (f"model: {model}\ntext_files: []\n", "bad.yaml: text_files: an empty list"),
                           ("- 1\n- 2\n", "give a mapping of options")]:
         (tmp_path / "bad.yaml").write_text(text)
         assert main(["finetune", "--config", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "out")]) == 2

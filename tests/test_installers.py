@@ -118,7 +118,6 @@ DECLARED = {
     ("wrapper", "query_scale"): ("llama", "s2_attn+logn", "s2_attn", "logn"),
     ("wrapper", "pair_scale"): ("llama", "s2_attn+xpos", "s2_attn", "xpos"),
     ("wrapper", "bias"): ("llama", "s2_attn+alibi", "s2_attn", "alibi"),
-    ("wrapper", "absolute"): ("gpt2", "abs_interp+s2_attn", "s2_attn", "abs_interp"),
     ("wrapper", ROTATES_IN_ATTENTION): ("llama", "dynamic_ntk:factor=2:cache_consistent=true+s2_attn", "s2_attn",
                                         "dynamic_ntk"),
 }

@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from rope_ext.methods import MethodConfig, RotarySpec, get_method_class, list_methods, make_config
+from rope_ext.methods import (
+    MethodConfig,
+    RotarySpec,
+    YarnConfig,
+    get_method_class,
+    list_methods,
+    make_config,
+    register_method,
+    undocumented,
+    unregister_method,
+)
 
 #: the frequency methods (the attention-rewrite ones are tested in test_attention.py)
 FREQUENCY_METHODS = [m for m in list_methods() if get_method_class(m).hook == "frequency"]
-from rope_ext.methods.frequency import default_inv_freq, dynamic_scale, ntk_base
+from rope_ext.methods.frequency import FrequencyConfig, default_inv_freq, dynamic_scale, ntk_base
+from rope_ext.methods.options import meaning_of, option, positive
 
 SPEC = RotarySpec(base=10000.0, dim=64, original_max_position_embeddings=2048)
 LONG_FACTOR = [1.0 + i / 8 for i in range(32)]
@@ -441,3 +455,60 @@ def test_native_rope_parameters_give_the_same_frequencies_in_transformers(method
         assert config.native_rope_parameters(SPEC, 2 * SPEC.original_max_position_embeddings) is None
     if "mscale" in options:
         assert (native["mscale"], native["mscale_all_dim"]) == (0.8, 0.5)
+
+
+# --- every method says what it does, and every option what it sets (what `rope-ext methods NAME` prints) ---------
+
+
+def undocumented_methods() -> dict[str, list[str]]:
+    """Each registered method that leaves something without a description: ``"summary"`` and its options."""
+    return {name: missing for name in list_methods() if (missing := undocumented(get_method_class(name)))}
+
+
+def test_every_registered_method_declares_its_summary_and_each_option_its_meaning():
+    assert undocumented_methods() == {}, "declare summary: ClassVar[str] and option(..., meaning=...) on each field"
+    for name in list_methods():
+        cls = get_method_class(name)
+        assert cls.summary == cls.__dict__["summary"] and len(cls.summary.split()) >= 8, name
+        assert all(meaning_of(field).strip() for field in dataclasses.fields(cls)), name
+
+
+def test_a_method_registered_without_a_summary_or_meanings_is_seen():
+    @dataclass(frozen=True)
+    class Bare(MethodConfig):
+        """A docstring is documentation, not the declared summary."""
+
+        method: ClassVar[str] = "toy_bare"
+        hook: ClassVar[str] = "toy"
+
+        width: int = 4
+        scale: float = option(1.0, positive(), meaning="the toy's scale")
+
+    @dataclass(frozen=True)
+    class Yarnish(YarnConfig):  # (its options' meanings are yarn's; its summary would be yarn's, not its own)
+        method: ClassVar[str] = "toy_yarnish"
+
+    register_method(Bare)
+    register_method(Yarnish)
+    try:
+        assert undocumented_methods() == {"toy_bare": ["summary", "width"], "toy_yarnish": ["summary"]}
+    finally:
+        unregister_method("toy_bare")
+        unregister_method("toy_yarnish")
+    assert undocumented_methods() == {}
+
+
+def test_the_shared_options_declare_their_meaning_once_on_the_base():
+    """``factor`` and ``L`` of the frequency methods, the window rules' ``w``: one declaration on the base class (PI's
+    ``L``, which it refuses, and LongRoPE's ``factor``, which sets its attention factor only, say so themselves)."""
+    def meaning(cls, name):
+        return meaning_of(next(f for f in dataclasses.fields(cls) if f.name == name))
+
+    frequency = [get_method_class(m) for m in FREQUENCY_METHODS]
+    assert {meaning(cls, "factor") for cls in frequency if cls.method != "longrope"} == {
+        meaning(FrequencyConfig, "factor")}
+    assert "attention factor only" in meaning(get_method_class("longrope"), "factor")
+    assert {meaning(cls, "original_max_position_embeddings") for cls in frequency if cls.method != "pi"} == {
+        meaning(FrequencyConfig, "original_max_position_embeddings")}
+    assert meaning(get_method_class("pi"), "original_max_position_embeddings").startswith("not used")
+    assert meaning(get_method_class("rerope"), "w") == meaning(get_method_class("leaky_rerope"), "w")

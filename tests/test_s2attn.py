@@ -254,6 +254,38 @@ def test_combines_with_yarn():
     model.eval()
 
 
+def test_combines_with_an_absolute_table_read_past_its_rows():
+    """GPT-2 under abs_interp:factor=2+s2_attn is GPT-2 with the interpolated table (by hand: odd rows halfway
+    between two) under s2_attn alone: the table is read at the embeddings, before the groups (a new user's trial
+    found the pair refused as 'not checked')."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def gpt2(rows: int):
+        torch.manual_seed(0)
+        config = GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=128, n_positions=rows, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)
+        return GPT2LMHeadModel(config).eval()
+
+    model, stretched = gpt2(33), gpt2(64)  # (factor 2 reaches 2 x 32 + 1 = 65 positions of 33 rows)
+    table = model.transformer.wpe.weight.detach()
+    halfway = (table[:-1] + table[1:]) / 2
+    with torch.no_grad():
+        stretched.load_state_dict({k: v for k, v in model.state_dict().items() if "wpe" not in k}, strict=False)
+        stretched.transformer.wpe.weight.copy_(torch.stack([table[:-1], halfway], 1).reshape(-1, 32)[:64])
+    ids = input_ids(64, batch=2)
+    with rope_ext.patched(stretched, "s2_attn"):
+        full = logits(stretched, ids)
+        grouped = logits(stretched.train(), ids)
+        stretched.eval()
+    assert (grouped - full).abs().max() > 1e-3
+    base = logits(model, ids[:, :33])
+    with rope_ext.patched(model, "abs_interp:factor=2+s2_attn"):
+        torch.testing.assert_close(logits(model, ids), full, rtol=0, atol=1e-5)  # inference: full attention
+        torch.testing.assert_close(logits(model.train(), ids), grouped, rtol=0, atol=1e-5)
+        model.eval()
+    assert torch.equal(logits(model, ids[:, :33]), base)
+
+
 def test_gradients_flow_in_training():
     model = tiny_model("llama")
     ids = input_ids(64, batch=2)

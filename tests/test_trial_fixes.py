@@ -355,3 +355,95 @@ def test_eval_defaults_to_saved_on_a_folder_saved_with_a_patch(checkpoint, finet
     given = argparse.Namespace(model=str(finetuned), methods={"none": []}, default_methods="none,yarn:factor=2")
     choose_methods(given)
     assert list(given.methods) == ["none"]  # (given: kept)
+
+
+# --- a third trial: missing text files, a YAML file's values, --no-X, methods as a YAML list ----------------------
+
+
+def test_every_missing_text_file_is_named_in_one_line(tmp_path, capsys):
+    present = tmp_path / "present.txt"
+    present.write_text("words " * 50)
+    files = f"{tmp_path}/a.txt,{present},{tmp_path}/b.txt"
+    assert main(["eval", "ppl", "--text-files", files, f"{tmp_path}/c.txt", "--methods", "none", "--lengths", "64",
+                 "--target-tokens", "16", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rope-ext: error: --text-files: {tmp_path}/a.txt, {tmp_path}/b.txt and {tmp_path}/c.txt not found\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("yaml", "flags", "message"),
+    [
+        ("lora_r: 0\n", [], "--config {file}: lora_r: must be an integer >= 1, got 0"),
+        ("lora-r: 0\n", [], "--config {file}: lora_r: must be an integer >= 1, got 0"),
+        ("packing: foo\n", [], "--config {file}: packing: 'foo' is not one of packed, document"),
+        ("window: 256\ntarget_length: 128\n", [], "--config {file}: window 256 is above target_length 128: "),
+        ("window: 256\n", ["--target-length", "128"], "--config {file}: window 256 is above --target-length 128: "),
+        ("methods: yarn:factr=4\n", [], "--config {file}: methods 'yarn:factr=4': yarn: unknown option(s) factr; "),
+        ("lora_r: 4\n", ["--lora-r", "0"], "--lora-r: must be an integer >= 1, got 0"),  # (the flag's value)
+    ],
+)
+def test_a_bad_value_of_a_config_file_names_its_key_and_the_file(tmp_path, capsys, yaml, flags, message):
+    file = tmp_path / "run.yaml"
+    file.write_text(yaml)
+    assert main(["finetune", "--config", str(file), *flags, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith(f"rope-ext: error: {message.format(file=file)}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["finetune", "--no-pose"], "(--pose is off unless given; to switch off a --config file's pose: true, give "
+                                    "--pose false) (see rope-ext finetune --help)"),
+        (["train", "--no_full"], None),  # (train has no --full: the plain message)
+        (["finetune", "--no_full"], "(--full is off unless given; to switch off a --config file's full: true, give "
+                                    "--full false)"),
+        (["eval", "ppl", "--no-overwrite"], "(--overwrite is off unless given: leave it out) (see rope-ext eval ppl "
+                                            "--help)"),
+    ],
+)
+def test_no_x_for_a_boolean_option_says_how_to_switch_it_off(capsys, argv, hint):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rope-ext: error: unrecognized arguments: {argv[-1]}") and len(err.splitlines()) == 1
+    assert (hint in err) if hint else err.endswith(f"{argv[-1]} (see rope-ext {argv[0]} --help)\n")
+
+
+def test_a_boolean_flag_false_switches_off_the_config_files_true(tmp_path):
+    from rope_ext.cli import build_parser
+    from rope_ext.cli.options import config_flags
+
+    file = tmp_path / "run.yaml"
+    file.write_text("pose: true\nwindow: 64\ntarget_length: 128\n")
+    args = build_parser().parse_args(["finetune", "--config", str(file), "--pose", "false"])
+    assert FinetuneConfig.from_sources(args.config, config_flags(args, FinetuneConfig)).pose is False
+    assert FinetuneConfig.from_sources(file).pose is True
+
+
+@pytest.mark.parametrize(
+    ("methods", "expected"),
+    [
+        ("yarn:factor=4+dca", "yarn:factor=4+dca"),
+        ("[yarn:factor=4+dca]", "yarn:factor=4+dca"),  # (a list of one spec)
+        ("[yarn:factor=4, dca]", "--config {file}: methods: a list is the evaluation's specs to compare "
+                                 "(yarn:factor=4, dca), and a run trains under one spec; write one text, '+' joining "
+                                 "methods of different kinds (methods: yarn:factor=4+dca), or run once per method"),
+        ("[none, alibi]", "(methods: alibi)"),
+        ("[]", "--config {file}: methods: an empty list; give one spec, e.g. methods: yarn:factor=4"),
+        ("yarn:factor=4,dca", "--config {file}: methods 'yarn:factor=4,dca': a run trains under one spec; '+' joins "
+                              "methods of different kinds (yarn:factor=4+dca)"),
+    ],
+)
+def test_methods_in_a_config_file_read_as_the_flag_writes_them(tmp_path, methods, expected):
+    """A YAML list is ``--methods``' comma list (specs to compare: one for a run), as the flag refuses
+    ``--methods yarn:factor=4,dca``; '+' combines in both."""
+    file = tmp_path / "run.yaml"
+    file.write_text(f"methods: {methods}\n")
+    if not expected.startswith(("--", "(")):
+        assert FinetuneConfig.from_sources(file).methods == expected
+        return
+    with pytest.raises(ValueError) as error:
+        FinetuneConfig.from_sources(file)
+    assert expected.format(file=file) in str(error.value)
+    with pytest.raises(ValueError, match=r"^--methods 'yarn:factor=4,dca': a run trains under one spec"):
+        FinetuneConfig.from_sources(None, {"methods": "yarn:factor=4,dca"})

@@ -51,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rope-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     methods = sub.add_parser(
-        "methods", help="list the registered methods; with a NAME, its options, their defaults and its documentation"
+        "methods", help="list the registered methods; with a NAME, its summary and its options with their meanings"
     )
-    methods.add_argument("name", nargs="?", help="a method: its options (types, defaults) and documentation")
+    methods.add_argument("name", nargs="?", help="a method: its summary and its options (type, default, meaning)")
     methods.set_defaults(func=cmd_methods)
     sub.add_parser("families", help="list the supported model families").set_defaults(func=cmd_families)
 

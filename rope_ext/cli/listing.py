@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import re
+import textwrap
 
 from rope_ext.families import listing
 from rope_ext.methods import get_method_class, list_methods
-from rope_ext.methods.options import CHECK
+from rope_ext.methods.options import CHECK, meaning_of
+
+#: the width ``rope-ext methods NAME`` wraps a summary and each option's meaning to
+WIDTH = 100
 
 
-def method_doc(cls: type) -> str:
-    """A method config's docstring; for a config without one, its entry in its module's docstring
-    (``* ``name`` -- ...``); dataclasses' generated ``Name(field: type = ...)`` is no documentation."""
-    doc = cls.__doc__ or ""
-    if doc.startswith(f"{cls.__name__}("):
-        doc = ""
-    if not doc.strip():
-        module = inspect.getmodule(cls)
-        pattern = rf"^\* ``{re.escape(cls.method)}`` -- (.*?)(?=^\* |^\S|\Z)"
-        match = re.search(pattern, (module.__doc__ or "") if module else "", flags=re.MULTILINE | re.DOTALL)
-        doc = match[1] if match else ""
-    return inspect.cleandoc(doc) if doc.strip() else ""
+def plain(text: str) -> str:
+    """Declared text (a summary, a meaning) on one line, without reST's double backquotes."""
+    return " ".join(text.split()).replace("``", "")
 
 
-def first_sentence(doc: str) -> str:
-    """The first sentence of a docstring on one line, without reST's double backquotes."""
-    text = " ".join(doc.split()).replace("``", "")
+def first_sentence(text: str) -> str:
+    """The first sentence of a summary, without reST's double backquotes."""
+    text = plain(text)
     if not text:
         return "(no description)"
     match = re.search(r"(?<=[.:])\s(?=[A-Z(])", text)
@@ -41,14 +35,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
         width = max(len(name) for name in names) + 2
         for name in names:
             cls = get_method_class(name)
-            print(f"{name:{width}s}{cls.hook:12s} {first_sentence(method_doc(cls))}")
-        print("\n`rope-ext methods NAME`: a method's options, their types and defaults, and its documentation")
+            print(f"{name:{width}s}{cls.hook:12s} {first_sentence(cls.summary)}")
+        print("\n`rope-ext methods NAME`: a method's summary and its options: type, default and meaning")
         return 0
     cls = get_method_class(args.name.strip())  # (unknown: ValueError naming the valid methods)
     print(f"{cls.method} (hook kind: {cls.hook})\n")
-    doc = method_doc(cls)
-    if doc:
-        print(doc + "\n")
+    print(textwrap.fill(plain(cls.summary) or "(no description)", WIDTH, break_on_hyphens=False) + "\n")
     fields = {field.name: field for field in dataclasses.fields(cls)}
     rows = []
     for name in cls.option_names():
@@ -62,17 +54,15 @@ def cmd_methods(args: argparse.Namespace) -> int:
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
         if name == "factor" and hasattr(cls, "default_factor"):  # (frequency methods: required, or a default)
             kind, default = "float", cls.default_factor if cls.default_factor is not None else dataclasses.MISSING
-        if default is dataclasses.MISSING or name in cls.required_options or refuses_none(field, default):
-            shown = "(required)"
-        elif default is None:
-            shown = "None: derived when patching (from the model's context and the other options)"
-        else:
-            shown = repr(default)
-        rows.append((name, kind, shown))
+        required = default is dataclasses.MISSING or name in cls.required_options or refuses_none(field, default)
+        rows.append((name, kind, "(required)" if required else repr(default), plain(meaning_of(field))))
     print("options (set in a spec as name:option=value):")
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    for name, kind, shown in rows:
+    indent = " " * 6
+    for name, kind, shown, meaning in rows:
         print(f"  {name:{widths[0]}s}  {kind:{widths[1]}s}  {shown}")
+        print(textwrap.fill(meaning or "(no description)", WIDTH, initial_indent=indent, subsequent_indent=indent,
+                            break_on_hyphens=False))
     return 0
 
 

@@ -185,6 +185,38 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, with the command's own ``--help`` named, and a hint where ``--no-X`` negates a boolean."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen = command_parser(self, parsed)
+            hints = [hint for hint in (negation_hint(chosen, extra) for extra in extras) if hint]
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}{''.join(f' ({hint})' for hint in hints)}")
+        return parsed
+
+
+def command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``parsed`` ran (``rope-ext finetune``'s, ``rope-ext eval ppl``'s)."""
+    for action in parser._actions:
+        if isinstance(action.choices, dict) and getattr(parsed, action.dest, None) in action.choices:
+            return command_parser(action.choices[getattr(parsed, action.dest)], parsed)
+    return parser
+
+
+def negation_hint(parser: argparse.ArgumentParser, extra: str) -> str | None:
+    """How to switch off the boolean option ``--X`` where the user wrote ``--no-X``, which it does not define."""
+    if not extra.startswith(("--no-", "--no_")):
+        return None
+    name = extra.split("=", 1)[0][5:]
+    for action in parser._actions:
+        if {f"--{name}", f"--{name.replace('_', '-')}"} & set(action.option_strings) and action.const is True:
+            flag = action.option_strings[0]
+            if action.nargs == "?":  # (transformers' booleans: --X, --X true, --X false)
+                return f"{flag} is off unless given; to switch off a --config file's {action.dest}: true, give " \
+                       f"{flag} false"
+            return f"{flag} is off unless given: leave it out"
+    return None
+
 
 def add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: str, out: str) -> None:
     parser.add_argument(

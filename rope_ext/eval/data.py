@@ -47,6 +47,9 @@ def load_documents(
     if dataset and text_files:
         raise ValueError("give --dataset or --text-files, not both")
     if text_files:
+        missing = [path for path in text_files if _missing(path)]
+        if missing:  # (every one named: a user fixes them all at once)
+            raise FileNotFoundError(f"--text-files: {_and(missing)} not found")
         for path in text_files:
             _check_text_file(path)
         titles = [os.path.basename(os.path.normpath(path)) for path in text_files]
@@ -110,6 +113,22 @@ def load_documents(
             "document is known by its title (in the records and tables): give each its own title"
         )
     return data.select_columns(["title", "text"])
+
+
+def _and(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _missing(path: str) -> bool:
+    """Nothing at ``path`` (a path that cannot be looked at is not missing: ``_check_text_file`` says why)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def _check_text_file(path: str) -> None:

@@ -2,7 +2,8 @@
 
 Its configs come last in a combination (``HOOK_ORDER``), so this installer sees the terms the others added. S2-Attn
 regroups the tokens, so it runs only where the kernel needs no positions: alone (plain RoPE, applied by the model
-before attention) or after a frequency method, not beside a position rule (attention methods, ``cache_consistent``
+before attention), after a frequency method, or beside an absolute table (read at the embeddings, before any
+attention: ``abs_interp+s2_attn`` on GPT-2), not beside a position rule (attention methods, ``cache_consistent``
 dynamic methods) or a query scale (``logn``). Sliding-window layers are left without the term: S2-Attn groups full
 attention (LongLoRA's target), a sliding layer is local already. NoPE layers take it (the groups need no positions).
 """
@@ -14,7 +15,6 @@ from rope_ext.installers.attention import AttentionSite, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.installers.combination import ROTATES_IN_ATTENTION
 from rope_ext.methods import (
-    HOOK_ABSOLUTE,
     HOOK_ATTENTION,
     HOOK_BIAS,
     HOOK_PAIR_SCALE,
@@ -36,7 +36,6 @@ class WrapperInstaller(HookInstaller):
     conflicts = dict.fromkeys((HOOK_ATTENTION, HOOK_QUERY_SCALE, HOOK_PAIR_SCALE, HOOK_BIAS), _NEEDS_POSITIONS) | {
         ROTATES_IN_ATTENTION: "{method}'s groups lose the tokens' positions, which {other} needs to rotate queries and "
                               "keys there; with cache_consistent=false a frequency method rotates them before attention",
-        HOOK_ABSOLUTE: "rope_ext has not checked {method} beside a table read past its rows ({other})",
     }
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:

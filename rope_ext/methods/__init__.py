@@ -19,6 +19,7 @@ from rope_ext.methods.base import (
     make_configs,
     methods_with_hooks,
     register_method,
+    undocumented,
     unregister_method,
 )
 from rope_ext.methods.biases import (
@@ -41,7 +42,6 @@ from rope_ext.methods.buckets import (
     t5_bucket,
 )
 from rope_ext.methods.distances import DistanceConfig, XlnetClampConfig, XlnetInterpConfig
-from rope_ext.methods.xpos import XposConfig, xpos_zeta
 from rope_ext.methods.dual_chunk import DualChunkConfig
 from rope_ext.methods.frequency import DynamicFrequencyConfig, FrequencyConfig, RotarySpec
 from rope_ext.methods.interpolation import DynamicNTKConfig, NTKConfig, PIConfig
@@ -52,6 +52,7 @@ from rope_ext.methods.position_rules import AttentionConfig, Region, WindowConfi
 from rope_ext.methods.query_scales import LogNConfig
 from rope_ext.methods.window_rules import LeakyReRopeConfig, ReRopeConfig, SelfExtendConfig, StringConfig
 from rope_ext.methods.wrappers import S2AttnConfig, s2_group_size
+from rope_ext.methods.xpos import XposConfig, xpos_zeta
 from rope_ext.methods.yarn import ByPartsConfig, DynamicYarnConfig, NTKByPartsConfig, YarnConfig
 
 __all__ = [
@@ -123,5 +124,6 @@ __all__ = [
     "methods_with_hooks",
     "register_method",
     "s2_group_size",
+    "undocumented",
     "unregister_method",
 ]

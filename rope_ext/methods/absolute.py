@@ -68,8 +68,15 @@ class AbsInterpConfig(AbsoluteConfig):
     """Linear interpolation of the table to ``factor`` times its positions (position ``k`` reads ``k / factor``)."""
 
     method: ClassVar[str] = "abs_interp"
+    summary: ClassVar[str] = (
+        "A learned absolute position table (GPT-2's ``wpe``) read by linear interpolation: position ``k`` reads the "
+        "table at ``k / factor``, between two rows, reaching ``factor (N - 1) + 1`` positions from ``N`` rows."
+    )
 
-    factor: float = option(2.0, factor_range("the table is stretched factor times", "shrink the table", required=False))
+    factor: float = option(
+        2.0, factor_range("the table is stretched factor times", "shrink the table", required=False),
+        meaning="how many times the table is stretched: position ``k`` reads it at ``k / factor`` (1: the table "
+                "itself)")
 
     def covers(self, rows: int) -> int:
         return int(math.floor(self.factor * (rows - 1) + 1e-9)) + 1
@@ -89,8 +96,15 @@ class AbsHierarchicalConfig(AbsoluteConfig):
     """Su's hierarchical decomposition: ``a u_{k // N} + (1 - a) u_{k mod N}``, ``u_i = (p_i - a p_0) / (1 - a)``."""
 
     method: ClassVar[str] = "abs_hierarchical"
+    summary: ClassVar[str] = (
+        "Su's hierarchical decomposition of a learned absolute table (kexue.fm/archives/7947): position ``k`` of a "
+        "table of ``N`` rows is ``a u_{k // N} + (1 - a) u_{k mod N}``, ``u_i = (p_i - a p_0) / (1 - a)``; the first "
+        "``N`` rows stay exact, ``N^2`` positions are reached."
+    )
 
-    alpha: float = option(0.4, interval(0, 1, high_open=True))
+    alpha: float = option(
+        0.4, interval(0, 1, high_open=True),
+        meaning="``a``, the weight of the coarse row ``u_{k // N}`` against the fine row ``u_{k mod N}`` (Su's 0.4)")
 
     def covers(self, rows: int) -> int:
         return rows * rows
@@ -119,9 +133,19 @@ class SinusoidalConfig(AbsoluteConfig):
     square over the sinusoids', so the embeddings keep their magnitude)."""
 
     method: ClassVar[str] = "sinusoidal"
+    summary: ClassVar[str] = (
+        "Vaswani et al.'s sinusoidal table (2017, arXiv:1706.03762) in place of a learned absolute one, scaled to the "
+        "learned table's magnitude; it reaches any position."
+    )
 
-    scale: float | None = option(None, positive(optional=True))
-    base: float = option(10000.0, positive())
+    scale: float | None = option(
+        None, positive(optional=True),
+        meaning="the sinusoidal table's multiplier; None: the learned table's root mean square over the sinusoids' "
+                "(``sqrt(1/2)``), so the embeddings keep their magnitude")
+    base: float = option(
+        10000.0, positive(),
+        meaning="the sinusoids' base: ``PE(k, 2i) = sin(k / base^(2i/d))``, ``PE(k, 2i+1) = cos(k / base^(2i/d))`` "
+                "(Vaswani et al.'s 10000)")
 
     def covers(self, rows: int) -> None:
         return None

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rope_ext.methods.options import check_options
+from rope_ext.methods.options import check_options, meaning_of
 from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.registry import Registry
 
@@ -58,6 +58,13 @@ def list_methods() -> list[str]:
 
 def get_method_class(name: str) -> type[MethodConfig]:
     return _METHODS.get(name)
+
+
+def undocumented(cls: type[MethodConfig]) -> list[str]:
+    """What a method config leaves without a description in ``rope-ext methods``: ``"summary"`` when the class does
+    not declare its own, and each option without a declared meaning (``option(..., meaning=...)``)."""
+    missing = [] if str(cls.__dict__.get("summary", "")).strip() else ["summary"]
+    return missing + [field.name for field in dataclasses.fields(cls) if not meaning_of(field).strip()]
 
 
 def methods_with_hooks(kinds: Any) -> list[str]:
@@ -217,6 +224,9 @@ class MethodConfig:
 
     method: ClassVar[str]
     hook: ClassVar[str]
+    #: what the method does, in one or two sentences naming its paper (``rope-ext methods`` prints it; the list, its
+    #: first sentence); each option's meaning is declared on its field
+    summary: ClassVar[str] = ""
     #: options of ``SHARED_OPTIONS`` this method has but refuses: a combination's keyword passes it by
     unused_shared_options: ClassVar[frozenset[str]] = frozenset()
     #: options whose ``None`` default means "not given" and is refused (a required ``factor``), not derived when

@@ -121,13 +121,19 @@ class AlibiConfig(BiasConfig):
     2310.13017; ``1``: the trained slopes)."""
 
     method: ClassVar[str] = "alibi"
+    summary: ClassVar[str] = (
+        "ALiBi (Press et al. 2022, arXiv:2108.12409): a bias ``-m_h |i - j|`` with a fixed slope ``m_h`` per head in "
+        "place of a position encoding; factor divides the slopes (slope interpolation, Al-Khateeb et al. 2023, "
+        "arXiv:2310.13017)."
+    )
 
     factor: float = option(1.0, factor_range(
         "the slopes are divided by it, for a context factor times the trained one", "steepen the slopes",
-        required=False))
-    #: one slope per head (``None``: the paper's)
+        required=False),
+        meaning="the slopes are divided by it, for a context factor times the trained one (1: the trained slopes)")
     slopes: tuple[float, ...] | None = option(None, number_list(
-        interval(0.0), phrase="a list of numbers > 0, one per head", optional=True, entries="every slope"))
+        interval(0.0), phrase="a list of numbers > 0, one per head", optional=True, entries="every slope"),
+        meaning="one slope per attention head; None: the paper's geometric slopes (``alibi_slopes``, any head count)")
 
     def head_slopes(self, heads: int) -> list[float]:
         if self.slopes is not None and len(self.slopes) != heads:
@@ -183,13 +189,22 @@ class KerpleConfig(BiasConfig):
     ``r2 ~ U(0, 2)``; both kept ``>= eps``."""
 
     method: ClassVar[str] = "kerple"
+    summary: ClassVar[str] = (
+        "KERPLE (Chi et al. 2022, arXiv:2205.09921): a learnable kernel bias per head and layer, "
+        "``-r1 log(1 + r2 |i - j|)`` or ``-r1 |i - j|^r2``, in place of a position encoding."
+    )
     learnable: ClassVar[bool] = True
 
     FORMS: ClassVar[tuple[str, ...]] = ("log", "power")
 
-    form: str = option("log", one_of(*FORMS))
-    eps: float = option(1e-2, interval(0.0, 1.0))
-    seed: int = option(0, any_integer())
+    form: str = option(
+        "log", one_of(*FORMS),
+        meaning="the kernel: log, ``-r1 log(1 + r2 |i - j|)`` (the paper's best), or power, ``-r1 |i - j|^r2`` with "
+                "``r2 <= 2``")
+    eps: float = option(
+        1e-2, interval(0.0, 1.0), meaning="the floor ``r1`` and ``r2`` are held at in the forward pass")
+    seed: int = option(
+        0, any_integer(), meaning="seeds the initial ``r1``, ``r2`` of each layer (with the layer's index)")
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
@@ -234,14 +249,23 @@ class FireConfig(BiasConfig):
     ``seed`` and the layer's index."""
 
     method: ClassVar[str] = "fire"
+    summary: ClassVar[str] = (
+        "FIRE (Li et al. 2023, arXiv:2310.04418): a learnable MLP bias of the normalised distance "
+        "``psi(i - j) / psi(max(i, L))``, ``psi(x) = log(|c x| + 1)``, one per layer, in place of a position encoding."
+    )
     learnable: ClassVar[bool] = True
     of_distance: ClassVar[bool] = False  # (``psi(max(i, L))``: the query's position too)
 
-    width: int = option(32, integer(1))
-    c: float = option(0.1, interval(0.0))
-    threshold: float = option(512.0, interval(0.0))
-    eps: float = option(1e-6, interval(0.0, 1.0))
-    seed: int = option(0, any_integer())
+    width: int = option(32, integer(1), meaning="the hidden width of the MLP ``1 -> width -> heads`` (ReLU)")
+    c: float = option(
+        0.1, interval(0.0), meaning="the initial value of the learnable ``c`` in ``psi(x) = log(|c x| + 1)``")
+    threshold: float = option(
+        512.0, interval(0.0),
+        meaning="the initial ``L`` of ``psi(max(i, L))``, the normaliser's floor (the paper's 512; learnable through a "
+                "multiplier)")
+    eps: float = option(
+        1e-6, interval(0.0, 1.0), meaning="added to the normaliser ``psi(max(i, L))``, so the ratio never divides by 0")
+    seed: int = option(0, any_integer(), meaning="seeds each layer's initial MLP weights (with the layer's index)")
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
@@ -288,9 +312,17 @@ class SandwichConfig(BiasConfig):
     code is not public); ``dim`` is ``d'`` (``None``: the head dimension, NeMo's choice). No parameters."""
 
     method: ClassVar[str] = "sandwich"
+    summary: ClassVar[str] = (
+        "Sandwich (Chi et al. 2023, arXiv:2212.10356): the inner product of two sinusoidal embeddings of the "
+        "distance as a bias, ``sum_k cos(|i - j| / base^(2k/d')) - d'/2`` divided by ``8 h / H`` for head ``h``; no "
+        "parameters."
+    )
 
-    dim: int | None = option(None, integer(2, optional=True, even=True, hint="or null: the head dimension"))
-    base: float = option(10000.0, interval(1.0))
+    dim: int | None = option(
+        None, integer(2, optional=True, even=True, hint="or null: the head dimension"),
+        meaning="``d'``, the dimension of the sinusoidal embeddings (even); None: the head dimension (NeMo's choice)")
+    base: float = option(
+        10000.0, interval(1.0), meaning="the sinusoids' base in ``cos(|i - j| / base^(2k/d'))`` (the paper's 10000)")
 
     def module(self, heads: int, index: int = 0, head_dim: int | None = None) -> nn.Module:
         dim = self.dim or head_dim

@@ -103,7 +103,9 @@ class BucketConfig(MethodConfig):
     #: whether the method brings a table of its own (a parameter the patch owns)
     grows_table: ClassVar[bool] = False
 
-    factor: float | None = option(None, BUCKET_FACTOR)
+    factor: float | None = option(
+        None, BUCKET_FACTOR, meaning="how many times farther the buckets reach: the distances they cover grow factor "
+                                     "times (1: the trained buckets)")
 
     def per_direction(self, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
         """Rows per direction of the table the patched model reads."""
@@ -128,6 +130,11 @@ class T5BucketScaleConfig(BucketConfig):
     """Distances divided by ``factor`` before bucketing: ``bucket(sign(rel) floor(|rel| / factor))``."""
 
     method: ClassVar[str] = "t5_bucket_scale"
+    summary: ClassVar[str] = (
+        "T5's relative distances divided by factor before bucketing (Raffel et al. 2020's buckets; PI's idea applied "
+        "to them, rope_ext's own), so a model trained at ``N`` tokens sees at ``factor x N`` the buckets it saw at "
+        "``N``."
+    )
 
     def bucket(self, relative_position, bidirectional, num_buckets, max_distance):
         return t5_bucket(divided(relative_position, self.factor), bidirectional, num_buckets, max_distance)
@@ -140,6 +147,11 @@ class T5BucketExtendConfig(BucketConfig):
     copies of the last trained one."""
 
     method: ClassVar[str] = "t5_bucket_extend"
+    summary: ClassVar[str] = (
+        "T5's log buckets (Raffel et al. 2020) continued past the last at the same width to about factor times the "
+        "trained reach (rope_ext's own); the new rows of the table, a parameter the patch owns, start as copies of "
+        "the last trained one."
+    )
     grows_table: ClassVar[bool] = True
 
     def per_direction(self, bidirectional, num_buckets, max_distance):
@@ -187,7 +199,9 @@ class LogBucketConfig(MethodConfig):
     required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
     needs_buckets: ClassVar[bool] = False
 
-    factor: float | None = option(None, BUCKET_FACTOR)
+    factor: float | None = option(
+        None, BUCKET_FACTOR, meaning="how many times farther the buckets reach: the distances they cover grow factor "
+                                     "times (1: the trained buckets)")
 
     def distances(self, relative_position: torch.Tensor) -> torch.Tensor:
         return relative_position
@@ -210,6 +224,10 @@ class DebertaBucketScaleConfig(LogBucketConfig):
     """DeBERTa's distances divided by ``factor`` before bucketing: ``sign(rel) floor(|rel| / factor)``."""
 
     method: ClassVar[str] = "deberta_bucket_scale"
+    summary: ClassVar[str] = (
+        "DeBERTa-v2/v3's relative distances (He et al. 2021) divided by factor before its log bucketing, "
+        "``sign(rel) floor(|rel| / factor)``."
+    )
 
     def distances(self, relative_position):
         return divided(relative_position, self.factor)
@@ -222,6 +240,10 @@ class DebertaBucketStretchConfig(LogBucketConfig):
     ``factor``; the exact buckets below ``position_buckets / 2`` kept."""
 
     method: ClassVar[str] = "deberta_bucket_stretch"
+    summary: ClassVar[str] = (
+        "DeBERTa-v2/v3's log buckets (He et al. 2021) spread over factor times the distances, "
+        "``max_relative_positions - 1`` times factor; the exact buckets below ``position_buckets / 2`` kept."
+    )
     needs_buckets: ClassVar[bool] = True
 
     def reach(self, max_relative_positions):

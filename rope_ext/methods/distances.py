@@ -48,9 +48,15 @@ class XlnetInterpConfig(DistanceConfig):
     """XLNet's distances divided by ``factor`` before the sinusoid."""
 
     method: ClassVar[str] = "xlnet_interp"
+    summary: ClassVar[str] = (
+        "XLNet's relative distances (Yang et al. 2019) divided by factor before its sinusoid (PI's idea on XLNet, "
+        "rope_ext's own), so ``factor x N`` tokens see distances up to ``N``."
+    )
     required_options: ClassVar[frozenset[str]] = frozenset({"factor"})
 
-    factor: float | None = option(None, factor_range("the distances are divided by it", "shrink the distances it covers"))
+    factor: float | None = option(
+        None, factor_range("the distances are divided by it", "shrink the distances it covers"),
+        meaning="the distances are divided by it before the sinusoid (1: the trained distances)")
 
     def distances(self, distance):
         return distance / float(self.factor)
@@ -62,8 +68,15 @@ class XlnetClampConfig(DistanceConfig):
     """XLNet's distances clamped at ``clamp_len`` (its own ``clamp_len``, set on a loaded model)."""
 
     method: ClassVar[str] = "xlnet_clamp"
+    summary: ClassVar[str] = (
+        "XLNet's relative distances (Yang et al. 2019) clamped at clamp_len, its own option set on a loaded model: "
+        "nearby tokens keep their exact distances, far ones look clamp_len away."
+    )
 
-    clamp_len: int | None = option(None, integer(1, hint="the longest distance kept, e.g. xlnet_clamp:clamp_len=512"))
+    clamp_len: int | None = option(
+        None, integer(1, hint="the longest distance kept, e.g. xlnet_clamp:clamp_len=512"),
+        meaning="the longest distance kept: every distance beyond it is read as clamp_len (written to the model "
+                "config's clamp_len)")
 
     def clamp(self, own):
         return self.clamp_len

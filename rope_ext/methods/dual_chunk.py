@@ -31,10 +31,24 @@ class DualChunkConfig(AttentionConfig):
     """
 
     method: ClassVar[str] = "dca"
+    summary: ClassVar[str] = (
+        "Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; HKUNLP/ChunkLlama): the sequence cut into chunks of "
+        "``s = chunk_size - local_window`` tokens, keys at ``j mod s`` and each query at a position set by the key's "
+        "chunk (its own, the previous one, an older one), so no relative position passes chunk_size."
+    )
 
-    chunk_size: int | None = option(None, integer(2, optional=True))
-    local_window: int | None = option(None, integer(1, optional=True))
-    mscale: bool = option(True, flag())
+    chunk_size: int | None = option(
+        None, integer(2, optional=True),
+        meaning="the largest relative position in use: queries are at most there, chunks are "
+                "``chunk_size - local_window`` long; None: ``3L/4`` (the reference's)")
+    local_window: int | None = option(
+        None, integer(1, optional=True),
+        meaning="the local window: a query in the first local_window positions of its chunk sees the previous "
+                "chunk's keys at their true distance; None: ``L/8`` (the reference's; below chunk_size)")
+    mscale: bool = option(
+        True, flag(),
+        meaning="multiply the scores of query ``i`` beyond ``L`` by ``(0.05 ln((i + 1) / L) + 1)^2`` (the "
+                "reference's ``0.05 ln(n/L) + 1`` on q and k)")
 
     def with_defaults(self, original: int) -> DualChunkConfig:
         chunk_size = self.chunk_size if self.chunk_size is not None else max(2, 3 * original // 4)

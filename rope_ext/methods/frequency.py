@@ -171,6 +171,9 @@ def longrope_inv_freq(
 
 # --- configs ---------------------------------------------------------------------------------------
 
+#: the check of every frequency method's ``factor``
+FREQUENCY_FACTOR = factor_range("the context is extended factor times", "shrink the context")
+
 
 @dataclass(frozen=True)
 class FrequencyConfig(MethodConfig):
@@ -183,9 +186,14 @@ class FrequencyConfig(MethodConfig):
     #: the factor when none is given: ``None`` (required) for the static methods, whose factor 1 is the identity
     default_factor: ClassVar[float | None] = None
 
-    factor: float | None = option(None, factor_range("the context is extended factor times", "shrink the context"))
-    #: ``L``; ``None`` means what the model's config says.
-    original_max_position_embeddings: int | None = option(None, context_length())
+    factor: float | None = option(
+        None, FREQUENCY_FACTOR,
+        meaning="``s``, how many times the original context ``L`` is extended (a static method's 1 is the identity; a "
+                "dynamic one scales by ``s*l/L - (s - 1)``, never below 1, at the current length ``l``)")
+    original_max_position_embeddings: int | None = option(
+        None, context_length(),
+        meaning="``L``, the context the model was trained at; None: the model config's (its rope_parameters' or its "
+                "own original_max_position_embeddings, else max_position_embeddings)")
 
     def __post_init__(self) -> None:
         if self.factor is None and self.default_factor is not None:
@@ -231,4 +239,8 @@ class DynamicFrequencyConfig(FrequencyConfig):
     dynamic: ClassVar[bool] = True
     default_factor: ClassVar[float | None] = 1.0  # (factor 1 still scales past L: by l / L)
 
-    cache_consistent: bool = option(False, flag())
+    cache_consistent: bool = option(
+        False, flag(),
+        meaning="True: keys are cached unrotated and every step rotates all of them with the current length's "
+                "frequencies, as a full forward would; False: cached keys keep the rotation of the step that cached "
+                "them (transformers' behaviour, #25104)")

@@ -24,13 +24,22 @@ from rope_ext.methods.frequency import (
     dynamic_scale,
     ntk_base,
 )
+from rope_ext.methods.options import context_length, option
 
 
 @register_method
 @dataclass(frozen=True)
 class PIConfig(FrequencyConfig):
     method: ClassVar[str] = "pi"
+    summary: ClassVar[str] = (
+        "Position Interpolation (Chen et al. 2023, arXiv:2306.15595): every rotary frequency divided by ``s``, i.e. "
+        "positions divided by ``s``. Saved as transformers' ``linear`` rope type too."
+    )
     unused_shared_options: ClassVar[frozenset[str]] = frozenset({"original_max_position_embeddings"})
+
+    original_max_position_embeddings: int | None = option(
+        None, context_length(),
+        meaning="not used: PI divides every position by factor, whatever the original context; leave it unset")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,6 +60,10 @@ class PIConfig(FrequencyConfig):
 @dataclass(frozen=True)
 class NTKConfig(FrequencyConfig):
     method: ClassVar[str] = "ntk"
+    summary: ClassVar[str] = (
+        "NTK-aware scaling (bloc97, 2023): the rotary base ``b`` replaced by ``b * s ** (d / (d - 2))``, so the "
+        "highest frequency is kept and the lowest divided by exactly ``s``."
+    )
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
@@ -60,6 +73,11 @@ class NTKConfig(FrequencyConfig):
 @dataclass(frozen=True)
 class DynamicNTKConfig(DynamicFrequencyConfig):
     method: ClassVar[str] = "dynamic_ntk"
+    summary: ClassVar[str] = (
+        "Dynamic NTK (emozilla, 2023): ``ntk`` at a scale that follows the current length ``l``, "
+        "``s' = s*l/L - (s - 1)`` when ``l > L``, the identity within ``L``. Saved as transformers' ``dynamic`` rope "
+        "type too where ``L`` is the model's max_position_embeddings."
+    )
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)

@@ -20,9 +20,20 @@ from rope_ext.methods.options import option, positive
 @dataclass(frozen=True)
 class Llama3Config(FrequencyConfig):
     method: ClassVar[str] = "llama3"
+    summary: ClassVar[str] = (
+        "Llama 3.1's frequency scaling (Meta 2024, The Llama 3 Herd of Models, arXiv:2407.21783): frequencies whose "
+        "wavelength is longer than ``L / low_freq_factor`` divided by ``s``, those shorter than "
+        "``L / high_freq_factor`` kept, a smooth mix between. Saved as transformers' ``llama3`` rope type too."
+    )
 
-    low_freq_factor: float = option(1.0, positive())
-    high_freq_factor: float = option(4.0, positive())
+    low_freq_factor: float = option(
+        1.0, positive(),
+        meaning="frequencies whose wavelength is longer than ``L / low_freq_factor`` are divided by ``s`` (Llama "
+                "3.1: 1)")
+    high_freq_factor: float = option(
+        4.0, positive(),
+        meaning="frequencies whose wavelength is shorter than ``L / high_freq_factor`` are kept; between the two "
+                "bands, a smooth mix (Llama 3.1: 4; above low_freq_factor)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from rope_ext.methods.base import register_method
-from rope_ext.methods.frequency import FrequencyConfig, RotarySpec, beyond, longrope_inv_freq
+from rope_ext.methods.frequency import FREQUENCY_FACTOR, FrequencyConfig, RotarySpec, beyond, longrope_inv_freq
 from rope_ext.methods.options import number_list, option, positive
 
 
@@ -24,15 +24,30 @@ class LongRopeConfig(FrequencyConfig):
     """LongRoPE: searched per-dimension factors. ``short_factor`` defaults to all ones (no change inside ``L``)."""
 
     method: ClassVar[str] = "longrope"
+    summary: ClassVar[str] = (
+        "LongRoPE (Ding et al. 2024, arXiv:2402.13753): each rotary frequency divided by its own searched factor, "
+        "from long_factor past ``L`` and short_factor within it, and cos and sin times ``sqrt(1 + ln s / ln L)``. "
+        "Saved as transformers' ``longrope`` rope type too."
+    )
     dynamic: ClassVar[bool] = True  # switches factor lists at l > L
     default_factor: ClassVar[float | None] = 1.0  # (the factor lists scale; factor sets the attention factor only)
 
+    factor: float | None = option(
+        None, FREQUENCY_FACTOR,
+        meaning="``s``, how many times the original context ``L`` is extended: it sets the attention factor only "
+                "(the factor lists do the scaling)")
     long_factor: tuple[float, ...] | None = option(None, number_list(
         positive(), required=": a list of rotary_dim / 2 positive floats (one per frequency, e.g. from a LongRoPE "
-                             "search or a Phi-3 config)"))
-    short_factor: tuple[float, ...] | None = option(None, number_list(positive(), optional=True))
-    #: Fixed cos/sin multiplier; ``None`` means ``sqrt(1 + ln s / ln L)`` (1 for ``s <= 1``).
-    attention_factor: float | None = option(None, positive(optional=True))
+                             "search or a Phi-3 config)"),
+        meaning="the divisor of each rotary frequency past ``L``: rotary_dim / 2 positive floats, e.g. from a LongRoPE "
+                "search or a Phi-3 config")
+    short_factor: tuple[float, ...] | None = option(
+        None, number_list(positive(), optional=True),
+        meaning="the divisor of each rotary frequency within ``L``; None: all ones (no change inside ``L``)")
+    attention_factor: float | None = option(
+        None, positive(optional=True),
+        meaning="a fixed cos/sin multiplier (attention logits scale by its square); None: ``sqrt(1 + ln s / ln L)`` "
+                "(1 for ``s <= 1``)")
 
     def check_spec(self, spec: RotarySpec) -> None:
         for name in ("long_factor", "short_factor"):

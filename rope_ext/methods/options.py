@@ -2,12 +2,13 @@
 
 A method config declares each option's valid values where it declares the option::
 
-    w: int | None = option(None, integer(1, optional=True))
+    w: int | None = option(None, integer(1, optional=True), meaning="the window: plain RoPE below it; None: L/4")
 
 and ``MethodConfig.__post_init__`` runs every field's check, in field order, before the config's own rules that
 relate several options (``beta_fast > beta_slow``). A refused value raises ``ValueError`` with one line naming the
 valid range: ``"<method>: <option> must be <range>, got <value>"``. A check may normalise what it accepts (a list
-of floats becomes a tuple).
+of floats becomes a tuple). The option's ``meaning`` (one line: what it sets, and what ``None`` means where it may
+be ``None``) is what ``rope-ext methods NAME`` prints under it.
 
 Pure Python: imports neither torch nor transformers.
 """
@@ -23,8 +24,9 @@ from typing import Any
 #: the largest ``factor`` a method takes (a context extended a million times): beyond it the lengths a patch
 #: writes overflow any sensible config (``factor=1e30`` made a 33-digit ``max_position_embeddings``)
 MAX_FACTOR = 1e6
-#: the key of a field's check in its ``metadata``
+#: the keys of a field's check and of its meaning in its ``metadata``
 CHECK = "rope_ext.check"
+MEANING = "rope_ext.meaning"
 
 
 def _number(value: Any) -> bool:
@@ -99,9 +101,15 @@ class ListCheck(Check):
         return tuple(float(item) for item in value)
 
 
-def option(default: Any, check: Check, **kwargs: Any) -> Any:
-    """A config field whose values ``check`` accepts (other ``dataclasses.field`` arguments pass through)."""
-    return dataclasses.field(default=default, metadata={CHECK: check}, **kwargs)
+def option(default: Any, check: Check, *, meaning: str = "", **kwargs: Any) -> Any:
+    """A config field whose values ``check`` accepts and whose ``meaning`` says what it sets (other
+    ``dataclasses.field`` arguments pass through)."""
+    return dataclasses.field(default=default, metadata={CHECK: check, MEANING: meaning}, **kwargs)
+
+
+def meaning_of(field: dataclasses.Field) -> str:
+    """A config field's declared meaning (``""``: none declared)."""
+    return field.metadata.get(MEANING, "")
 
 
 def check_options(config: Any) -> None:

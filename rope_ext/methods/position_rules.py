@@ -79,8 +79,10 @@ class AttentionConfig(MethodConfig):
 
     hook: ClassVar[str] = HOOK_ATTENTION
 
-    #: ``L``; ``None`` means the rotation's (a frequency method's stated one, else the model config's)
-    original_max_position_embeddings: int | None = option(None, context_length(), kw_only=True)
+    original_max_position_embeddings: int | None = option(
+        None, context_length(), kw_only=True,
+        meaning="``L``, the original context the defaults are derived from and checked against; None: the "
+                "rotation's (a frequency method's stated one, else the model config's)")
 
     def resolved(self, original: int) -> AttentionConfig:
         """This config with the options left at ``None`` derived from ``L`` (its own
@@ -154,7 +156,10 @@ class WindowRule(WindowConfig):
     ``far_key(j)`` (the far region's rotations, on float positions) and ``relative(i, j)`` (``rel'``, for the plain
     reference); it runs on the window fast runner unless it registers one of its own."""
 
-    w: int | None = option(None, integer(1, optional=True))
+    w: int | None = option(
+        None, integer(1, optional=True),
+        meaning="the window: keys closer than w are plain RoPE, farther ones take the rule's far positions; None: "
+                "``L/4`` (``1 <= w < L``)")
 
     def with_defaults(self, original: int) -> WindowRule:
         w = self.w if self.w is not None else max(1, original // 4)

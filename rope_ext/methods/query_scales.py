@@ -26,9 +26,15 @@ class LogNConfig(MethodConfig):
 
     method: ClassVar[str] = "logn"
     hook: ClassVar[str] = HOOK_QUERY_SCALE
+    summary: ClassVar[str] = (
+        "log-n attention scaling (Su 2021; in ReRoPE's patch): query ``i`` multiplied by ``max(1, ln(i + 1) / ln L)``, "
+        "keeping attention's entropy as the context grows; its own hook kind, so it combines with any method."
+    )
 
-    #: ``L``; ``None`` means the rotation's (a frequency method's stated one, else the model config's)
-    original_max_position_embeddings: int | None = option(None, context_length())
+    original_max_position_embeddings: int | None = option(
+        None, context_length(),
+        meaning="``L`` in ``max(1, ln(i + 1) / ln L)``; None: the rotation's (a frequency method's stated one, else "
+                "the model config's)")
 
     def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
         """``max(1, ln(i + 1) / ln L)`` at query positions ``i`` (float64)."""

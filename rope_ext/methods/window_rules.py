@@ -30,6 +30,10 @@ class ReRopeConfig(WindowRule):
     """ReRoPE (Su 2023, bojone/rerope ``rerope_patch.py``): ``rel' = min(rel, w)``; default ``w = L / 4``."""
 
     method: ClassVar[str] = "rerope"
+    summary: ClassVar[str] = (
+        "ReRoPE (Su 2023, bojone/rerope): relative positions capped at the window, ``rel' = min(rel, w)``, so no "
+        "distance passes those the model was trained on."
+    )
     far_key_is_zero: ClassVar[bool] = True
 
     def far_query(self, i):
@@ -51,8 +55,15 @@ class LeakyReRopeConfig(WindowRule):
     """
 
     method: ClassVar[str] = "leaky_rerope"
+    summary: ClassVar[str] = (
+        "Leaky ReRoPE (Su 2023, bojone/rerope): relative positions exact below the window ``w`` and ``k`` times "
+        "slower beyond it, ``rel' = w + (rel - w) / k``."
+    )
 
-    k: float = option(16.0, at_least(1, label="the slope beyond the window"))
+    k: float = option(
+        16.0, at_least(1, label="the slope beyond the window"),
+        meaning="the slope beyond the window: positions there advance ``1/k`` per token (the reference's 16; at most "
+                "``L``)")
 
     def with_defaults(self, original: int) -> LeakyReRopeConfig:
         config = super().with_defaults(original)
@@ -83,9 +94,17 @@ class SelfExtendConfig(WindowConfig):
     """
 
     method: ClassVar[str] = "self_extend"
+    summary: ClassVar[str] = (
+        "Self-Extend (Jin et al. 2024, arXiv:2401.01325; datamllab/LongLM): neighbour attention at the exact "
+        "positions below ``W``, grouped attention beyond, ``(i // G + W - W // G) - j // G``."
+    )
 
-    W: int | None = option(None, integer(1, optional=True))
-    G: int = option(8, integer(1))
+    W: int | None = option(
+        None, integer(1, optional=True),
+        meaning="the neighbour window: keys closer than W keep their exact distance; None: ``L/8`` (below ``L``)")
+    G: int = option(
+        8, integer(1),
+        meaning="the group size: beyond W, positions are floor-divided by G (at most ``L``)")
 
     def with_defaults(self, original: int) -> SelfExtendConfig:
         W = self.W if self.W is not None else max(1, original // 8)
@@ -122,10 +141,20 @@ class StringConfig(WindowConfig):
     """
 
     method: ClassVar[str] = "string"
+    summary: ClassVar[str] = (
+        "STRING (An et al. 2024, arXiv:2410.18745; HKUNLP/STRING): relative positions exact below the shift ``S``, "
+        "``rel - S + W`` from it on, so the rarely trained largest distances are replaced by well-trained ones."
+    )
     far_key_is_position: ClassVar[bool] = True
 
-    S: int | None = option(None, integer(2, optional=True))  # (above W >= 1)
-    W: int | None = option(None, integer(1, optional=True))
+    S: int | None = option(  # (above W >= 1)
+        None, integer(2, optional=True),
+        meaning="the shift: relative positions from S on become ``rel - S + W``; None: ``L/3`` (the paper: "
+                "0.25-0.4 L)")
+    W: int | None = option(
+        None, integer(1, optional=True),
+        meaning="the local window the shifted positions restart from (below S); None: ``min(128, L/16)`` (the "
+                "paper: 128)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

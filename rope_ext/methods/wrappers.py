@@ -39,13 +39,18 @@ class S2AttnConfig(MethodConfig):
 
     method: ClassVar[str] = "s2_attn"
     hook: ClassVar[str] = HOOK_WRAPPER
-
-    #: the fraction of a training sequence one group holds (LongLoRA: 1/4)
-    group_size_ratio: float = option(
-        0.25, interval(0, 1, hint="the fraction of a training sequence one group holds; LongLoRA: 0.25")
+    summary: ClassVar[str] = (
+        "Shifted sparse attention, S2-Attn (Chen et al. 2023, LongLoRA, arXiv:2309.12307): in training, attention "
+        "within groups of tokens, half of the heads' groups shifted by half a group; full attention in eval mode."
     )
-    #: shift the groups of half of the heads by half a group (``False``: plain groups)
-    shift: bool = option(True, flag())
+
+    group_size_ratio: float = option(
+        0.25, interval(0, 1, hint="the fraction of a training sequence one group holds; LongLoRA: 0.25"),
+        meaning="the fraction of a training sequence one group holds: groups of ``int(n * group_size_ratio)`` tokens "
+                "(LongLoRA: 1/4)")
+    shift: bool = option(
+        True, flag(),
+        meaning="shift the groups of half of the heads by half a group; False: plain groups (the paper's ablation)")
 
     def group_size(self, n: int) -> int:
         """The group size for a training sequence of ``n`` tokens (``s2_group_size``)."""

@@ -42,9 +42,19 @@ class XposConfig(MethodConfig):
 
     method: ClassVar[str] = "xpos"
     hook: ClassVar[str] = HOOK_PAIR_SCALE
+    summary: ClassVar[str] = (
+        "xPos (Sun et al. 2022, arXiv:2212.10554), RoPE whose rotary pair ``i`` also decays with the distance, as "
+        "``zeta_i^((m - n)/scale_base)``; meant for training from scratch."
+    )
 
-    gamma: float = option(0.4, positive())
-    scale_base: float = option(512.0, positive())
+    gamma: float = option(
+        0.4, positive(),
+        meaning="``gamma`` in the decay bases ``zeta_i = (2i/r + gamma) / (1 + gamma)``: a larger gamma brings them "
+                "nearer 1, a slower decay (torchscale's 0.4)")
+    scale_base: float = option(
+        512.0, positive(),
+        meaning="``B``: pair ``i`` of a score carries ``zeta_i^((m - n)/B)``, so a larger B decays more slowly "
+                "(torchscale's 512)")
 
     def zeta(self, rotary_dim: int) -> torch.Tensor:
         return xpos_zeta(rotary_dim, self.gamma)

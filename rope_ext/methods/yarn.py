@@ -37,10 +37,18 @@ from rope_ext.methods.options import flag, option, positive
 class ByPartsConfig(FrequencyConfig):
     """Base of the NTK-by-parts methods: the ramp between ``beta_slow`` and ``beta_fast`` rotations."""
 
-    beta_fast: float = option(32.0, positive())
-    beta_slow: float = option(1.0, positive())
-    #: Round the ramp's ends to whole dimensions, as the YaRN reference does.
-    truncate: bool = option(True, flag())
+    beta_fast: float = option(
+        32.0, positive(),
+        meaning="the ramp's fast end, in rotations: dimensions that turn more than beta_fast times over ``L`` keep "
+                "their frequency (YaRN's beta, 32)")
+    beta_slow: float = option(
+        1.0, positive(),
+        meaning="the ramp's slow end, in rotations: dimensions that turn fewer than beta_slow times over ``L`` are "
+                "interpolated, their frequency divided by ``s`` (YaRN's alpha, 1); a linear ramp mixes the two between")
+    truncate: bool = option(
+        True, flag(),
+        meaning="whether the correction range's bounds (the ramp's ends as dimension indices) are floored and ceiled "
+                "to whole dimensions, as transformers and the YaRN reference do; False: kept fractional")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -81,6 +89,11 @@ class ByPartsConfig(FrequencyConfig):
 @dataclass(frozen=True)
 class NTKByPartsConfig(ByPartsConfig):
     method: ClassVar[str] = "ntk_by_parts"
+    summary: ClassVar[str] = (
+        "NTK-by-parts (bloc97; Peng et al. 2023, arXiv:2309.00071 section 3.2): frequencies that turn fewer than "
+        "beta_slow times over ``L`` are divided by ``s``, those that turn more than beta_fast times are kept, and a "
+        "linear ramp mixes the two between. Saved as transformers' ``yarn`` rope type with attention_factor 1 too."
+    )
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return self._by_parts(spec, self.factor, device), 1.0
@@ -93,12 +106,25 @@ class NTKByPartsConfig(ByPartsConfig):
 @dataclass(frozen=True)
 class YarnConfig(ByPartsConfig):
     method: ClassVar[str] = "yarn"
+    summary: ClassVar[str] = (
+        "YaRN (Peng et al. 2023, arXiv:2309.00071, eq. 20-22): ``ntk_by_parts`` plus an attention temperature, cos "
+        "and sin times ``0.1 ln s + 1`` (or DeepSeek's mscale / mscale_all_dim ratio). Saved as transformers' ``yarn`` "
+        "rope type too."
+    )
 
-    #: Fixed cos/sin multiplier; ``None`` means ``0.1 ln s + 1`` (or the mscale ratio below).
-    attention_factor: float | None = option(None, positive(optional=True))
-    #: DeepSeek-style temperature: ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` when both are set.
-    mscale: float | None = option(None, positive(optional=True))
-    mscale_all_dim: float | None = option(None, positive(optional=True))
+    attention_factor: float | None = option(
+        None, positive(optional=True),
+        meaning="a fixed cos/sin multiplier (attention logits scale by its square); None: YaRN's ``0.1 ln s + 1``, or "
+                "the mscale / mscale_all_dim ratio when those are set")
+    mscale: float | None = option(
+        None, positive(optional=True),
+        meaning="DeepSeek's attention-temperature numerator: the attention factor is "
+                "``m(s, mscale) / m(s, mscale_all_dim)``, ``m(s, x) = 0.1 x ln s + 1``; None: not used (set both or "
+                "neither)")
+    mscale_all_dim: float | None = option(
+        None, positive(optional=True),
+        meaning="DeepSeek's attention-temperature denominator: the ``x`` of ``m(s, x)`` that divides "
+                "``m(s, mscale)``; None: not used (set both or neither)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -130,6 +156,10 @@ class DynamicYarnConfig(ByPartsConfig, DynamicFrequencyConfig):
     """YaRN whose scale follows the sequence length: ``s' = max(1, s*l/L - (s - 1))``."""
 
     method: ClassVar[str] = "dynamic_yarn"
+    summary: ClassVar[str] = (
+        "Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 section 3.3): ``yarn`` at a scale that follows the current "
+        "length ``l``, ``s' = max(1, s*l/L - (s - 1))`` (``s = 1`` gives the paper's ``max(1, l/L)``)."
+    )
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)

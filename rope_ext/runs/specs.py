@@ -42,10 +42,29 @@ def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
 def one_spec(methods: str) -> list[MethodConfig]:
     """The configs of a run's ``--methods``: one spec in the evaluation's syntax (``yarn:factor=4+dca``), not the
     evaluation's comma list of specs to compare."""
-    if len(parse_methods(methods)) > 1:  # (after its own errors: empty specs, an option after a comma)
+    try:
+        specs = parse_methods(methods)
+    except ValueError as error:  # (from a YAML file as well: the message names the option)
+        raise ValueError(f"--methods {methods!r}: {error}") from None
+    if len(specs) > 1:  # (after its own errors: empty specs, an option after a comma)
         raise ValueError(
             f"--methods {methods!r}: a run trains under one spec; '+' joins methods of different kinds (yarn:factor=4+dca); "
             "run once per method to compare them"
         )
     return parse_method_spec(methods)
 
+
+
+def listed_spec(specs: list) -> str:
+    """A YAML file's ``methods`` given as a list, read as the flag's comma list (``[a, b]`` is ``a,b``: specs to
+    compare), so a run takes a list of one spec; several are refused, saying how to combine them."""
+    names = [str(spec) for spec in specs]
+    if not names:
+        raise ValueError("an empty list; give one spec, e.g. methods: yarn:factor=4 (none: the unpatched model)")
+    if len(names) > 1:
+        combined = "+".join(name for name in names if name != "none") or "none"  # ('none' combines with nothing)
+        raise ValueError(
+            f"a list is the evaluation's specs to compare ({', '.join(names)}), and a run trains under one spec; write "
+            f"one text, '+' joining methods of different kinds (methods: {combined}), or run once per method"
+        )
+    return names[0]

@@ -4,10 +4,13 @@ from its resolved type hints."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
 import typing
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
@@ -97,3 +100,19 @@ def field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
 def parse_text(kind: str, text: Any) -> Any:
     """``text`` as a value of ``kind`` when it is a string (else as it is)."""
     return PARSERS[kind](text) if isinstance(text, str) and kind in PARSERS else text
+
+
+@contextlib.contextmanager
+def named_as_in_file(file: str | Path | None, names: Iterable[str]) -> Iterator[None]:
+    """A ``ValueError`` raised inside names the options ``names``, which the YAML ``file`` gave, by the file's keys,
+    not as the flags the user never typed: ``--lora-r: must be an integer >= 1`` becomes ``--config run.yaml: lora_r:
+    must be an integer >= 1``."""
+    try:
+        yield
+    except ValueError as error:
+        message = str(error)
+        for name in names:
+            message = re.sub(rf"(?<![\w-])--{re.escape(name.replace('_', '-'))}(?![\w-])", name, message)
+        if file is None or message == str(error):
+            raise
+        raise ValueError(f"--config {file}: {message}") from None

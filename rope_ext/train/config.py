@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 from rope_ext.eval.objectives import check_target_tokens
 from rope_ext.methods import MethodConfig
 from rope_ext.methods.wrappers import s2_group_size
-from rope_ext.runs.specs import one_spec
-from rope_ext.runs.values import field_kinds, parse_text
+from rope_ext.runs.specs import listed_spec, one_spec
+from rope_ext.runs.values import field_kinds, named_as_in_file, parse_text
 
 PACKING = ("packed", "document")
 TRAINABLE = ("embeddings", "norms")
@@ -115,17 +115,19 @@ class LoopConfig:
                     for name in replaced:
                         if name not in given:
                             values.pop(name, None)
+        from_file = [name for name in values if name not in given]
         values.update(given)
-        config = cls(**values)
-        config.check()
-        # (a run's saved options hold every default: Adam's beta2 refused with SGD only where it is another value)
-        if values.get("adam_beta2") not in (None, cls.adam_beta2) and config.optimizer == "sgd":
-            raise ValueError("--adam-beta2: only for --optimizer adamw or adam (SGD has no beta2)")
-        if values.get("warmup_steps") not in (None, 0, cls.warmup_steps) and config.schedule == "constant":
-            raise ValueError(
-                "--warmup-steps: the 'constant' schedule has no warm-up; give --schedule constant_with_warmup, linear "
-                "or cosine, or leave --warmup-steps out"
-            )
+        with named_as_in_file(file, from_file):  # (a bad value of the file's named as its key, not as a flag)
+            config = cls(**values)
+            config.check()
+            # (a run's saved options hold every default: Adam's beta2 refused with SGD only where it is another value)
+            if values.get("adam_beta2") not in (None, cls.adam_beta2) and config.optimizer == "sgd":
+                raise ValueError("--adam-beta2: only for --optimizer adamw or adam (SGD has no beta2)")
+            if values.get("warmup_steps") not in (None, 0, cls.warmup_steps) and config.schedule == "constant":
+                raise ValueError(
+                    "--warmup-steps: the 'constant' schedule has no warm-up; give --schedule constant_with_warmup, "
+                    "linear or cosine, or leave --warmup-steps out"
+                )
         return config
 
     def check(self) -> None:
@@ -262,7 +264,6 @@ class FinetuneConfig(LoopConfig):
         if not self.s2_attn and self.s2_group_ratio != type(self).s2_group_ratio:
             raise ValueError("--s2-group-ratio: an S2-Attn option; give --s2-attn too, or leave it out")
         if self.s2_attn:
-
             try:
                 s2_group_size(self.window, self.s2_group_ratio)
             except ValueError as error:
@@ -334,7 +335,6 @@ class TrainConfig(LoopConfig):
             raise ValueError(f"--window {self.window}: DeBERTa's log buckets (window / 2 of them) need a window of at "
                              "least 4")
         if self.objective != "fixed":
-
             check_target_tokens(self.objective, self.window, "--window")
             if self.eval_document:
                 check_target_tokens(self.objective, self.eval_target_tokens, "--eval-target-tokens")
@@ -383,13 +383,13 @@ def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
         if name not in names:
             raise ValueError(f"--config {path}: unknown option {key!r}; options: {', '.join(sorted(names))}")
         kind = kinds[name][0]
-        if kind in ("list", "int", "float") and isinstance(value, str):  # (lengths as the evaluation writes them:
-            try:  # 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names comma-separated)
+        try:  # (lengths as the evaluation writes them: 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names
+            if kind in ("list", "int", "float") and isinstance(value, str):  # comma-separated; methods as --methods)
                 value = parse_text(kind, value)
-            except ValueError as error:
-                raise ValueError(f"--config {path}: {key}: {error}") from None
-        if name == "methods" and isinstance(value, list):
-            value = "+".join(map(str, value))
+            elif name == "methods" and isinstance(value, list):
+                value = listed_spec(value)
+        except ValueError as error:
+            raise ValueError(f"--config {path}: {key}: {error}") from None
         values[name] = value
     return values
 
