@@ -40,22 +40,11 @@ import time
 from pathlib import Path
 
 import torch
+from bench_common import T5_DECODER_TOKENS, T5_SHAPE, decode_tokens, spec_list  # (this folder is sys.path[0])
 
-from rope_ext.cli.options import int_at_least as _int_at_least, option as _option
+from rope_ext.cli.options import int_at_least as _int_at_least
+from rope_ext.cli.options import option as _option
 from rope_ext.eval.perplexity import parse_lengths
-
-
-def _methods(text: str) -> list[str]:
-    """Comma-separated specs, each checked now (not in a child process that loaded the model first)."""
-    from rope_ext.methods import make_configs
-    from rope_ext.methods.spec import split_spec
-
-    specs = [spec.strip() for spec in split_spec(text, ",") if spec.strip()]
-    for spec in specs:
-        if spec == "sdpa" or spec == "none":
-            raise ValueError(f"{spec!r}: unpatched SDPA is always measured; list the methods to compare with it")
-        make_configs(spec)
-    return specs
 
 
 def _is_bias(spec: str) -> bool:
@@ -64,19 +53,6 @@ def _is_bias(spec: str) -> bool:
     return all(config.hook == HOOK_BIAS for config in make_configs(spec))
 
 
-def _decode_tokens(text: str) -> int:
-    value = int(text)
-    if value < 0 or value == 1:
-        raise ValueError(f"must be 0 (no decode) or at least 2 (a first step and a steady one), got {value}")
-    return value
-
-
-#: the T5 measured with ``--model t5``: t5-small's shape (6 + 6 layers, 8 heads of 64, d_model 512), random weights
-T5_SHAPE = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
-                relative_attention_num_buckets=32, relative_attention_max_distance=128, decoder_start_token_id=0,
-                pad_token_id=0, eos_token_id=1, dropout_rate=0.0)
-#: decoder tokens of a T5 prefill (the targets of a span-corruption window of a few hundred tokens)
-T5_DECODER_TOKENS = 128
 
 
 def _prompt(length: int, model_name: str = "default"):
@@ -274,12 +250,12 @@ def _decode_summary(rows: list[dict], methods: list[str]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="2048,4096,8192,16384", type=_option(parse_lengths), help="e.g. 4096,16k")
-    parser.add_argument("--methods", default="rerope,leaky_rerope,self_extend,string,dca", type=_option(_methods),
+    parser.add_argument("--methods", default="rerope,leaky_rerope,self_extend,string,dca", type=_option(spec_list),
                         help="method specs as the CLI takes them (dca, yarn:factor=4+dca, ...), comma-separated")
     parser.add_argument("--two-matrix-max", type=int, default=4096, help="longest length for the two-matrix path")
     parser.add_argument("--materialised-max", type=int, default=0,
                         help="longest length for the materialised bias (BLOOM's way) of the bias methods (0: none)")
-    parser.add_argument("--decode-tokens", type=_option(_decode_tokens), default=32,
+    parser.add_argument("--decode-tokens", type=_option(decode_tokens), default=32,
                         help="greedy tokens per decode run: 0 (no decode) or at least 2 (a first step and a steady one)")
     parser.add_argument("--decode-rounds", type=_int_at_least(1), default=3)
     parser.add_argument("--rounds", type=_int_at_least(1), default=3,

@@ -483,10 +483,10 @@ def test_decode_rotates_only_the_new_keys(models, method, options, monkeypatch):
         rotated_sizes = []
         real_rotate = key_cache.rotate
 
-        def counting(x, positions, inv_freq, factor, out=None):
+        def counting(x, positions, inv_freq, factor, out=None, tables=None):
             if x.shape[1] == model.config.num_key_value_heads:  # keys (queries have all heads)
                 rotated_sizes.append(x.shape[2])
-            return real_rotate(x, positions, inv_freq, factor, out=out)
+            return real_rotate(x, positions, inv_freq, factor, out=out, tables=tables)
 
         monkeypatch.setattr(key_cache, "rotate", counting)
         kept_steps = torch.cat([first, _decode(model, cache, steps[:, 1:])], 1)
@@ -501,6 +501,41 @@ def test_decode_rotates_only_the_new_keys(models, method, options, monkeypatch):
         fresh_steps = _decode(model, fresh, steps)
         assert not any(ROTATED_ATTR in vars(layer) for layer in fresh.layers)
     torch.testing.assert_close(kept_steps, fresh_steps, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method,options", KEPT, ids=[m for m, _ in KEPT])
+def test_decode_makes_each_rotation_table_once_per_forward(models, method, options, monkeypatch):
+    """A decode step's short position sets (the query's, its far position, the new key's) have their ``(cos, sin)``
+    tables made once per forward and used by every layer (``key_cache.SHARED_POSITIONS``), with logits bit-identical
+    to every layer making its own (a dynamic method's frequencies, made per call, share nothing)."""
+    import copy
+
+    from transformers import DynamicCache
+
+    model = copy.deepcopy(models["llama"])
+    ids = input_ids(2 * L + 6, seed=5)
+    made, used = [], []
+    real_tables, real_rotate = key_cache.rotation_tables, key_cache.KeyRotation.rotate
+    monkeypatch.setattr(key_cache, "rotation_tables", lambda *a: made.append(a[0].shape[-1]) or real_tables(*a))
+
+    def rotating(self, x, positions, name):
+        used.append(name) if x.shape[2] <= key_cache.SHARED_POSITIONS else None
+        return real_rotate(self, x, positions, name)
+
+    monkeypatch.setattr(key_cache.KeyRotation, "rotate", rotating)
+    with rope_ext.patched(model, method, **options):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, : 2 * L], past_key_values=cache, use_cache=True)
+        alone = copy.deepcopy(cache)
+        made.clear(), used.clear()
+        shared = _decode(model, cache, ids[:, 2 * L : 2 * L + 3])
+        assert 0 < len(made) == len(set(used)) < len(used), (made, used)  # (each name's tables made once, used again)
+        monkeypatch.setattr(key_cache, "SHARED_POSITIONS", 0)
+        own = _decode(model, alone, ids[:, 2 * L : 2 * L + 3])
+    assert torch.equal(shared, own)
+    assert len(model.model.layers) >= 2
+
 
 
 @pytest.mark.parametrize("edit", ["reorder", "crop", "select", "in_place", "other_sequence", "reset"])

@@ -596,3 +596,65 @@ def test_a_gpt2_with_cross_attention_is_refused_and_untouched():
         rope_ext.patch(model, "alibi")
     assert rope_ext.get_patch(model) is None
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+# --- a bias of the distance as one fused call (rope_ext.attention.flex; CUDA's path, run here uncompiled) ---------
+
+
+@pytest.fixture
+def fused_here(monkeypatch):
+    """The fused path on the CPU: flex attention's eager implementation, counted."""
+    import warnings
+
+    from rope_ext.attention import flex
+
+    monkeypatch.setattr(flex, "COMPILE", False)
+    monkeypatch.setattr(flex, "available", lambda q, k, v: True)
+    calls = []
+    original = flex.distance_biased
+    monkeypatch.setattr(flex, "distance_biased", lambda *args: calls.append(args[0].shape) or original(*args))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention.*")
+        yield calls
+
+
+@pytest.mark.parametrize("method", ["alibi", "alibi:factor=2", "kerple", "kerple:form=power", "sandwich", "fire"])
+def test_a_bias_of_the_distance_runs_as_one_fused_call_equal_to_the_reference(fused_here, method):
+    """On CUDA a bias of the distance alone (ALiBi, KERPLE, Sandwich) is one flex-attention call a layer with the
+    bias read from a table by distance: here, uncompiled, against the plain reference on a padded batch and on a
+    prefill in chunks over the cache (queries the last keys: the causal offset); cached decoding (one query) keeps
+    the blockwise path, and FIRE (its bias depends on the query's position too) never takes the fused one."""
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    ids = input_ids(3 * L, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :20] = 0
+    with rope_ext.patched(model, method):
+        fast = [logits(model, ids), logits(model, ids, attention_mask=mask)]
+        cache, pieces = DynamicCache(config=model.config), []
+        for chunk in ids[:, :L + 5].split(L // 2, dim=1):
+            pieces.append(logits(model, chunk, past_key_values=cache, use_cache=True))
+        with kernel_override(program_reference):
+            expected = [logits(model, ids), logits(model, ids, attention_mask=mask), logits(model, ids[:, :L + 5])]
+    for got, want in zip([*fast, torch.cat(pieces, 1)], expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    layers = model.config.num_hidden_layers
+    if method == "fire":
+        assert fused_here == []
+    else:  # (every layer: the whole batch, each padded row alone, then each chunk; the one-token chunk is decode)
+        chunks = [c for c in range(0, L + 5, L // 2) if min(L + 5, c + L // 2) - c > 1]
+        assert len(fused_here) == layers * (1 + 2 + len(chunks))
+
+
+def test_the_distance_table_holds_the_bias_at_each_distance():
+    """ALiBi's table: ``-slope_h d`` at distance ``d`` (the paper's slopes for 4 heads: 1/4, 1/16, 1/64, 1/256);
+    one head's bias is spread over every head."""
+    from rope_ext.attention import flex
+
+    module = make_config("alibi").module(4)
+    table = flex.distance_table(lambda i, j: module(i, j), 6, torch.device("cpu"), 4)
+    slopes = torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256])
+    torch.testing.assert_close(table, -slopes[:, None] * torch.arange(6.0)[None], rtol=0, atol=0)
+    one = flex.distance_table(lambda i, j: module(i, j)[:1], 6, torch.device("cpu"), 3)
+    assert one.shape == (3, 6) and torch.equal(one[2], -torch.arange(6.0) / 4)

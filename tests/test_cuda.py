@@ -1,20 +1,30 @@
 """The CUDA paths of the attention-rewrite methods: the flash op's window against its mask, regions in one windowed
 call, the efficient op (float32), and whole tiny models (fast == reference, padded batches, cached decoding) in
-float32 and bfloat16. Skipped without a CUDA device (CI has none); run where one is:
-``python -m pytest tests/test_cuda.py``."""
+float32 and bfloat16; the additive biases (ALiBi's far blocks and causal squares, KERPLE, Sandwich, FIRE) and T5's
+strided relative bias against float64, and training's recorded backward against the reference's gradients. Skipped
+without a CUDA device (CI has none); run where one is: ``python -m pytest tests/test_cuda.py``.
+
+``ROPE_EXT_TEST_DEVICE=cpu`` runs the whole-model cases on the CPU instead (their bounds and their separation from
+the unpatched model, without the checks of which CUDA op ran): how the bounds were checked before a GPU run."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from test_attention import FAMILIES, IDS, L, METHODS, _PathSpy, reference
+from test_attention import FAMILIES, IDS, METHODS, L, _PathSpy, reference
 from tiny import input_ids, tiny_model
 
 import rope_ext
-from rope_ext.attention import dispatch, kernels
+from rope_ext.attention import dispatch, flex, kernels
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-CUDA = "cuda"
+#: where the whole-model cases run: CUDA, or the CPU to check their bounds (``ROPE_EXT_TEST_DEVICE=cpu``)
+CUDA = os.environ.get("ROPE_EXT_TEST_DEVICE", "cuda")
+pytestmark = pytest.mark.skipif(CUDA == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
+ON_CUDA = CUDA == "cuda"
+#: the cases that call the CUDA ops themselves
+cuda_ops = pytest.mark.skipif(not ON_CUDA, reason="calls CUDA's attention ops")
 #: (n, q0, near, far, key_offset, keys): bands, clipped key ranges (queries that see no key, keys ending before
 #: the last query's bound: a right window), a lower region, one query (decode)
 REGIONS = [
@@ -32,6 +42,7 @@ def _masked_softmax(q, k, v, scale, allowed):
     return (torch.exp(scores - lse[..., None]).nan_to_num(0.0) @ v), lse
 
 
+@cuda_ops
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flash_window_is_the_window_mask(dtype):
     """``aten._flash_attention_forward``'s window sizes select exactly ``window_mask``'s pairs (bottom-right
@@ -49,6 +60,7 @@ def test_flash_window_is_the_window_mask(dtype):
         torch.testing.assert_close(lse[:, :, seen].double(), expected_lse[:, :, seen], rtol=0, atol=1e-4)
 
 
+@cuda_ops
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_window_attention_dispatch_is_exact(dtype):
     """``window_attention`` sends unmasked and square causal windows to cuDNN (Hopper and later, as SDPA does),
@@ -66,6 +78,7 @@ def test_window_attention_dispatch_is_exact(dtype):
         assert dispatch._use_cudnn(q, k, v)
 
 
+@cuda_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("windowed", [None, False], ids=["default", "pieces"])
 def test_regions_on_cuda_are_exact(dtype, windowed):
@@ -89,6 +102,7 @@ def test_regions_on_cuda_are_exact(dtype, windowed):
         torch.testing.assert_close(acc.lse[:, :, 2:][:, :, seen].double(), expected_lse[:, :, seen], rtol=0, atol=1e-4)
 
 
+@cuda_ops
 @pytest.mark.parametrize("backends", ["efficient", "math"])
 def test_regions_follow_the_sdpa_backends_switched_on(backends):
     """With SDPA's flash (and cuDNN) backends switched off, half-precision regions run on the efficient op, or
@@ -135,13 +149,25 @@ class _Ops(_PathSpy):
     def _spy(self, monkeypatch):
         for name in ("_efficient_cuda", "_flash_cuda", "_dense_cuda", "_matmul_attention"):
             monkeypatch.setattr(dispatch, name, self._counting(name, getattr(dispatch, name)))
+        fused = flex.distance_biased  # (a bias of the distance: one compiled flex-attention call; None if it failed)
+        monkeypatch.setattr(flex, "distance_biased", lambda *args: self._fused(fused(*args)))
 
-    def check(self, dtype):
+    def _fused(self, out):
+        if out is not None:
+            self.counts["distance_biased"] = self.counts.get("distance_biased", 0) + 1
+        return out
+
+    def check(self, dtype, biased: bool = False):
         """The path each dtype takes on CUDA: float32 on the memory-efficient op; bfloat16 on the flash op or cuDNN
-        (Ampere or later), else the efficient op; never the plain matmul fallback."""
+        (Ampere or later), else the efficient op (and every call with a bias, ``biased``, on the efficient op); never
+        the plain matmul fallback."""
+        if not ON_CUDA:
+            return
         seen = self.counts
         assert not seen.get("_matmul_attention"), seen
-        if dtype == torch.float32 or torch.cuda.get_device_capability() < (8, 0):
+        if biased:  # (a bias of the distance on the fused call, others and decode on the efficient op)
+            assert seen.get("_efficient_cuda", 0) + seen.get("distance_biased", 0) > 0, seen
+        elif dtype == torch.float32 or torch.cuda.get_device_capability() < (8, 0):
             assert seen.get("_efficient_cuda", 0) > 0 and not seen.get("_flash_cuda") and not seen.get("_dense_cuda"), seen
         else:
             assert seen.get("_flash_cuda", 0) + seen.get("_dense_cuda", 0) > 0, seen
@@ -149,6 +175,19 @@ class _Ops(_PathSpy):
 
 def _max_distance(a, b) -> float:
     return (a.double() - b.double()).abs().max().item()
+
+
+def _within_twice_the_reference(fast, exact, in_dtype, unpatched, dtype, record_property=None) -> None:
+    """``fast`` within twice the distance of the reference run in ``dtype`` (``in_dtype``) from the ``exact``
+    logits, a bound the ``unpatched`` model lies beyond; the distances recorded when ``record_property`` is given."""
+    noise = _max_distance(in_dtype, exact)
+    bound = 2 * noise
+    error, off = _max_distance(fast, exact), _max_distance(unpatched, exact)
+    if record_property is not None:
+        record_property("error", error)
+        record_property("reference_noise", noise)
+    assert 0 < bound < off, f"{dtype}: bound {bound:.2e} does not separate the unpatched model ({off:.2e})"
+    assert error <= bound, f"{dtype} fast path {error:.2e} from the exact logits; {dtype} reference {noise:.2e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -175,15 +214,56 @@ def test_fast_path_matches_reference_on_cuda(family, method, options, dtype, mon
             in_dtype = model(input_ids=ids).logits
     with torch.no_grad():
         unpatched = model(input_ids=ids).logits
-    noise = _max_distance(in_dtype, exact)
-    bound = 2 * noise
-    error, off = _max_distance(fast, exact), _max_distance(unpatched, exact)
-    assert 0 < bound < off, f"{dtype}: bound {bound:.2e} does not separate the unpatched model ({off:.2e})"
-    assert error <= bound, f"{dtype} fast path {error:.2e} from the exact logits; {dtype} reference {noise:.2e}"
+    _within_twice_the_reference(fast, exact, in_dtype, unpatched, dtype)
+
+
+#: the additive biases on a RoPE model (in place of its rotation)
+BIASES = [("alibi", {}), ("alibi", {"factor": 2}), ("kerple", {}), ("sandwich", {}), ("fire", {})]
+BIAS_IDS = ["alibi", "alibi-x2", "kerple", "sandwich", "fire"]
+
+
+@pytest.fixture
+def small_bias_blocks(monkeypatch):
+    """ALiBi's inference path in far blocks of 40 queries and causal squares of 16 (several of each); other biases'
+    blocks of 16 queries."""
+    from rope_ext.attention import plain
+
+    monkeypatch.setattr(plain, "KEY_BIAS_FAR_BLOCK", 40)
+    monkeypatch.setattr(plain, "KEY_BIAS_BLOCK", 16)
+    monkeypatch.setattr(kernels, "TILE", 16)
+    monkeypatch.setattr(kernels, "QUERY_BLOCK", 41)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("method,options", METHODS[:6], ids=IDS[:6])
+@pytest.mark.parametrize("method,options", BIASES, ids=BIAS_IDS)
+def test_biases_on_cuda_match_float64(method, options, dtype, small_bias_blocks, monkeypatch, record_property):
+    """A bias in ``dtype`` (on CUDA a bias of the distance alone as one compiled flex-attention call, FIRE's blocks on
+    the memory-efficient op, which takes the bias in the call's dtype; elsewhere ALiBi's far blocks and causal
+    squares, with its key-only form, and the others' blocks) against the exact logits (the plain reference on a float64 copy of the model): within twice the distance of
+    the reference run in ``dtype``, a bound the unpatched model lies beyond. The measured distances are recorded
+    (``record_property``: the bf16 bias's precision on CUDA against float64)."""
+    model = _sharpened(tiny_model("llama"), "llama").to(CUDA)
+    ids = input_ids(3 * L + 7, batch=2).to(CUDA)
+    ops = _Ops(monkeypatch)
+    with rope_ext.patched(model, method, **options), torch.no_grad():
+        model.double()
+        with reference():
+            exact = model(input_ids=ids).logits
+        model.to(dtype)
+        with ops.fast():
+            fast = model(input_ids=ids).logits
+        ops.check(dtype, biased=True)
+        if ON_CUDA:  # (the biases of the distance alone on the fused call, compiled; FIRE's on the efficient op)
+            assert (ops.counts.get("distance_biased", 0) > 0) == (method != "fire"), ops.counts
+        with reference():
+            in_dtype = model(input_ids=ids).logits
+    with torch.no_grad():
+        unpatched = model(input_ids=ids).logits
+    _within_twice_the_reference(fast, exact, in_dtype, unpatched, dtype, record_property)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("method,options", METHODS[:6] + BIASES[:1], ids=IDS[:6] + BIAS_IDS[:1])
 def test_padded_batch_and_cached_decoding_on_cuda(dtype, method, options, monkeypatch):
     """A left-padded batch row == the row alone, and chunked prefill + decode with the cache == the full forward, in
     both dtypes alike: within twice the noise measured in that dtype (the unpatched model's own padded-vs-alone and
@@ -221,7 +301,7 @@ def test_padded_batch_and_cached_decoding_on_cuda(dtype, method, options, monkey
     with rope_ext.patched(model, method, **(options or {})):
         with ops.fast():
             padded, cached_error, alone = distances()
-        ops.check(dtype)
+        ops.check(dtype, biased=method == "alibi")
         with reference():
             fast_vs_reference = _max_distance(alone[0], full(long))
     noise = max(unpatched_padded, unpatched_cached, fast_vs_reference)
@@ -229,3 +309,106 @@ def test_padded_batch_and_cached_decoding_on_cuda(dtype, method, options, monkey
     effect = _max_distance(alone[0], unpatched_alone[0])
     assert 0 < bound < effect, f"{dtype}: bound {bound:.2e} does not separate the unpatched model ({effect:.2e})"
     assert padded <= bound and cached_error <= bound, (padded, cached_error, bound)
+
+
+@pytest.fixture
+def small_relative_blocks(monkeypatch):
+    """T5's strided path on every call, in calls of 48 queries and causal squares of 16 (several of each)."""
+    from rope_ext.attention import relative
+
+    monkeypatch.setattr(relative, "DENSE_ELEMENTS", 0)
+    monkeypatch.setattr(relative, "RELATIVE_BLOCK", 48)
+    monkeypatch.setattr(relative, "RELATIVE_SQUARE", 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("spec", ["t5_bucket_scale:factor=4", "t5_bucket_extend:factor=8"])
+def test_t5_relative_bias_on_cuda_matches_float64(spec, dtype, small_relative_blocks, record_property):
+    """T5's strided relative bias (encoder, decoder, a right- and a left-padded row) in ``dtype`` against the plain
+    reference on a float64 copy: within twice the distance of the reference run in ``dtype``, which the unpatched
+    model lies beyond; at identity settings (``factor=1``) the strided path gives transformers' own T5 within the
+    same dtype's noise."""
+    from test_t5 import forward, reference_forward, tiny_t5
+
+    model = tiny_t5().to(CUDA)
+    encoder_ids, decoder_ids = input_ids(150, batch=2).to(CUDA), input_ids(70, batch=2, seed=2).to(CUDA)
+    mask = torch.ones(2, 150, dtype=torch.long, device=CUDA)
+    mask[0, 120:], mask[1, :25] = 0, 0
+    options = dict(attention_mask=mask)
+    rope_ext.patch(model, spec)
+    if "extend" in spec:  # (a grown table starts as the original's rows: made to matter)
+        with torch.no_grad():
+            for table in model.rope_ext.t5_bucket_extend.tables:
+                table.weight.normal_()
+    model.double()
+    exact = reference_forward(model, encoder_ids, decoder_ids, **options)
+    model.to(dtype)
+    fast = forward(model, encoder_ids, decoder_ids, **options)
+    in_dtype = reference_forward(model, encoder_ids, decoder_ids, **options)
+    rope_ext.unpatch(model, discard_trained=True)
+    unpatched = forward(model, encoder_ids, decoder_ids, **options)
+    noise = _max_distance(in_dtype, exact)
+    error, off = _max_distance(fast, exact), _max_distance(unpatched, exact)
+    record_property("error", error)
+    record_property("reference_noise", noise)
+    assert 0 < 2 * noise < off, f"{dtype}: bound {2 * noise:.2e} does not separate the unpatched model ({off:.2e})"
+    assert error <= 2 * noise, f"{dtype} strided path {error:.2e} from the exact logits; {dtype} reference {noise:.2e}"
+    with rope_ext.patched(model, "t5_bucket_scale:factor=1"):
+        identity = forward(model, encoder_ids, decoder_ids, **options)
+    assert _max_distance(identity, unpatched) <= 2 * noise
+
+
+def _gradients(model, ids, parameters, **kwargs) -> list[torch.Tensor]:
+    model.zero_grad()
+    model(input_ids=ids, labels=ids, **kwargs).loss.backward()
+    return [p.grad.detach().double().clone() for p in parameters]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("method,options", [("rerope", {}), ("self_extend", {"G": 4}), ("dca", {}), ("alibi", {}),
+                                            ("fire", {})], ids=["rerope", "self_extend", "dca", "alibi", "fire"])
+def test_training_gradients_on_cuda_match_float64(method, options, dtype, small_bias_blocks, record_property):
+    """A training step's recorded calls (``Recorder``: run as inference does, one backward from the merged
+    log-sum-exp) in ``dtype`` on the device, with a padded row, against the plain reference's gradients on a float64
+    copy: the first and last layers' projections within twice the distance of the reference's in ``dtype``, which
+    the unpatched model's gradients lie beyond, and a learnable bias's own gradients (a sum over every scored pair,
+    in another order than the reference's) within the larger of that and the worst-case rounding of such a sum
+    (pairs x the dtype's epsilon: on the H200 FIRE's fp32 ones came 1.2e-5 from exact, its reference 2e-6)."""
+    model = _sharpened(tiny_model("llama"), "llama").to(CUDA)
+    model.train()
+    ids = input_ids(2 * L + 9, batch=2).to(CUDA)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    layers = model.model.layers
+    watched = [layers[0].self_attn.q_proj.weight, layers[0].self_attn.k_proj.weight, layers[-1].self_attn.v_proj.weight]
+    with rope_ext.patched(model, method, **options):
+        learned = [p for p in model.rope_ext.parameters()] if hasattr(model, "rope_ext") else []
+        parameters = watched + learned
+        model.double()
+        with reference():
+            exact = _gradients(model, ids, parameters, attention_mask=mask)
+        model.to(dtype)
+        fast = _gradients(model, ids, parameters, attention_mask=mask)
+        with reference():
+            in_dtype = _gradients(model, ids, parameters, attention_mask=mask)
+    unpatched = _gradients(model, ids, watched, attention_mask=mask)
+
+    def distance(got, want):  # (relative to each gradient's size: they differ by orders between parameters; a
+        # gradient that is zero in exact arithmetic, FIRE's last bias (a shift of every score of a row), left out)
+        pairs = [(g, w) for g, w in zip(got, want) if w.abs().max() > 1e-9]
+        return max(((g - w).abs().max() / w.abs().max()).item() for g, w in pairs) if pairs else 0.0
+
+    assert all(g.abs().sum() > 0 for g in fast[: len(watched)])
+    off = distance(unpatched, exact)
+    n = ids.shape[1]
+    summed = ids.shape[0] * model.config.num_attention_heads * n * (n + 1) // 2  # (the pairs a bias gradient sums)
+    for part in (slice(0, len(watched)), slice(len(watched), None)):  # the projections', then the bias's own
+        noise, error = distance(in_dtype[part], exact[part]), distance(fast[part], exact[part])
+        record_property("error" if part.start == 0 else "bias_error", error)
+        record_property("reference_noise" if part.start == 0 else "bias_reference_noise", noise)
+        if part.start == 0:  # (a bias's own gradients have no unpatched counterpart)
+            assert 0 < 2 * noise < off, f"{dtype}: bound {2 * noise:.2e} does not separate the unpatched model ({off:.2e})"
+            bound = 2 * noise
+        else:
+            bound = max(2 * noise, summed * torch.finfo(dtype).eps)
+        assert error <= bound, f"{dtype} recorded gradients {error:.2e} from the exact ones; reference {noise:.2e}"

@@ -96,7 +96,7 @@ def _dense_cuda(q, k, v, scale, causal=False) -> tuple[torch.Tensor, torch.Tenso
         out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
             q, k, v, None, True, 0.0, causal, False, scale=scale
         )
-        return out.float(), lse.reshape(q.shape[:3])
+        return out, lse.reshape(q.shape[:3])
     return _flash_cuda(q, k, v, scale, causal=causal, right=0 if causal else -1)
 
 
@@ -108,7 +108,7 @@ def _flash_cuda(q, k, v, scale, causal=False, left=-1, right=-1) -> tuple[torch.
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, n, m, 0.0, causal, False,
         scale=scale, window_size_left=left, window_size_right=right,
     )
-    return out.transpose(1, 2).float(), lse
+    return out.transpose(1, 2), lse
 
 
 def _efficient_cuda(q, k, v, scale, allowed, causal, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +129,7 @@ def _efficient_cuda(q, k, v, scale, allowed, causal, bias=None) -> tuple[torch.T
     out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
         q, k, v, mask, True, 0.0, causal, scale=scale
     )
-    return out.float(), lse[..., : q.shape[2]]
+    return out, lse[..., : q.shape[2]]
 
 
 def lse_attention(
@@ -144,8 +144,9 @@ def lse_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q [b, h, n, d]`` over ``k, v [b, hk, m, d]`` (``h`` a multiple of ``hk``) with an
     optional ``allowed [n, m]`` bool mask, or ``causal`` (query ``a`` sees keys ``0..a``, ``n <= m``), plus an
-    optional additive ``bias [h or 1, n, m]`` on the scaled scores -> ``(out [b, h, n, d], lse [b, h, n])`` in
-    float32 (float64 for float64 inputs); a query with no allowed key gets ``out = 0``, ``lse = -inf``.
+    optional additive ``bias [h or 1, n, m]`` on the scaled scores -> ``(out [b, h, n, d], lse [b, h, n])``: ``lse``
+    in float32 (float64 for float64 inputs), ``out`` in the op's dtype (the flash ops: the call's, unconverted; the
+    matmul path: float32); a query with no allowed key gets ``out = 0``, ``lse = -inf``.
     ``dropout``: that fraction of the attention weights dropped (after the softmax, the rest scaled up; ``lse``
     is the softmax's own), as transformers' eager attention does in training."""
     if causal and allowed is not None:
@@ -169,7 +170,6 @@ def lse_attention(
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p=0.0, is_causal=causal, attn_mask=mask, scale=scale
         )
-        out = out.float()
     elif allowed is None and bias is None and use_cuda_flash(q, k, v):
         out, lse = _dense_cuda(q, k, v, scale, causal)
     elif _use_cuda_efficient(q, k):

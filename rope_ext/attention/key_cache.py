@@ -18,13 +18,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-from rope_ext.methods.rope import rotate
+from rope_ext.methods.rope import rotate, rotation_tables
 
 #: positions a ``RotatedKeys`` buffer grows by (at least) when it runs full
 GROWTH = 256
 #: the attribute of a cache layer that holds the ``RotatedKeys`` of its sequence
 ROTATED_ATTR = "_rope_ext_rotated_keys"
+#: position sets of at most this many positions share their ``(cos, sin)`` tables across the layers of a forward
+#: (decode: every layer rotates the same one or few positions, where each table costs five launches); longer ones
+#: are made per call (a table held through the forward would add to its peak memory)
+SHARED_POSITIONS = 64
+#: a forward's tables: its ``position_ids`` tensor (every layer gets the same one) -> the frequency tensor -> the
+#: tables by name (weak keys: nothing outlives the forward, and no new tensor at a dead one's address is mistaken)
+_SHARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def shared_tables(scope: torch.Tensor | None, inv_freq: torch.Tensor, attention_factor) -> dict | None:
+    """The tables shared by the calls of one forward (``scope``: its ``position_ids``) with these frequencies, by
+    name; ``None`` (every call makes its own) without a scope or with a factor that is a tensor (a dynamic method's,
+    made per call)."""
+    if scope is None or isinstance(attention_factor, torch.Tensor) or inv_freq.requires_grad:
+        return None
+    by_frequencies = _SHARED.setdefault(scope, WeakIdKeyDictionary())
+    per_version = by_frequencies.setdefault(inv_freq, {})
+    return per_version.setdefault((version(inv_freq), float(attention_factor)), {})
 
 
 def version(tensor: torch.Tensor) -> int | None:
@@ -136,6 +155,23 @@ class KeyRotation:
     kept: Keep
     inv_freq: torch.Tensor
     attention_factor: float | torch.Tensor
+    #: the forward's shared tables (``shared_tables``), or ``None``
+    shared: dict | None = None
+
+    def rotate(self, x: torch.Tensor, positions, name: Any) -> torch.Tensor:
+        """``x [b, h, n, d]`` rotated at ``positions`` (``[n]``, or a function making them, called only when they are
+        needed), which ``name`` stands for in this forward (the same name, the same positions: a rule and the range
+        of indices it maps); the tables of a short set are made once per forward."""
+        tables = None
+        if self.shared is not None and x.shape[2] <= SHARED_POSITIONS:
+            key = (name, x.dtype, x.device)
+            tables = self.shared.get(key)
+            if tables is None:
+                made = positions() if callable(positions) else positions
+                tables = self.shared[key] = rotation_tables(made, self.inv_freq, self.attention_factor, x.dtype)
+        if tables is None and callable(positions):
+            positions = positions()
+        return rotate(x, positions, self.inv_freq, self.attention_factor, tables=tables)
 
     def at(self, rule: Any, k: torch.Tensor, positions, first: int = 0) -> torch.Tensor:
         """The keys ``k[:, :, first:]`` (the first keys of the call's) rotated at ``positions(j)``, ``j = first..``."""
@@ -148,7 +184,7 @@ class KeyRotation:
         slot = (self.kept.row, rule)
         memo = held.get(slot)
         if memo is not None and memo.extends(link, self.owner, rule, self.inv_freq, self.attention_factor, k, first, mask):
-            new = rotate(k[:, :, memo.length :], positions(j[memo.length - first :]), self.inv_freq, self.attention_factor)
+            new = self.rotate(k[:, :, memo.length :], positions(j[memo.length - first :]), (rule, memo.length, m))
             rotated = memo.extend(new, first)
         else:  # (stale copies were dropped when the link was made; this slot's old one goes before the new one)
             held.pop(slot, None)

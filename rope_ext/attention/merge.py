@@ -16,15 +16,37 @@ import rope_ext.attention.dispatch as dispatch
 
 class Accumulator:
     """Running ``(out, lse)`` of the queries; ``add`` merges one call's result into a slice of queries (and may
-    overwrite that result: pass tensors the caller no longer needs)."""
+    overwrite that result: pass tensors the caller no longer needs).
+
+    A first result over every query is kept as it came, in the call's dtype (the flash ops return half precision
+    outputs): a single call then costs no copy, and the first merge reads it into float32 while scaling it (one pass
+    instead of a conversion, a copy and a scaling). Merged outputs are float32 (float64 for float64 calls)."""
 
     def __init__(self, q: torch.Tensor, value_dim: int, dropout: float = 0.0) -> None:
-        dtype = dispatch.accumulation_dtype(q.dtype)
+        self.dtype = dispatch.accumulation_dtype(q.dtype)
         self.dropout = dropout
-        self.out = torch.zeros(*q.shape[:-1], value_dim, dtype=dtype, device=q.device)
-        self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
+        self.shape, self.device = (*q.shape[:-1], value_dim), q.device
+        self._out: torch.Tensor | None = None
+        self._lse: torch.Tensor | None = None
         #: query ranges no call has reached yet (a first result there is stored, not merged)
         self._fresh = [(0, q.shape[2])]
+
+    @property
+    def out(self) -> torch.Tensor:
+        """``[b, h, n, dv]``: float32 (float64), or a single call's output over every query as it came; zeros
+        where no call reached."""
+        self._allocate()
+        return self._out
+
+    @property
+    def lse(self) -> torch.Tensor:
+        self._allocate()
+        return self._lse
+
+    def _allocate(self) -> None:
+        if self._out is None:
+            self._out = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self._lse = torch.full(self.shape[:-1], float("-inf"), dtype=self.dtype, device=self.device)
 
     def _first_time(self, start: int, stop: int) -> bool:
         """Whether ``start..stop-1`` is reached for the first time (and mark it reached)."""
@@ -45,24 +67,37 @@ class Accumulator:
         self.add(a, b, out, lse if lse_shift is None else lse + lse_shift.to(lse.dtype))
 
     def add(self, start: int, stop: int, out: torch.Tensor, lse: torch.Tensor) -> None:
-        grad = torch.is_grad_enabled() and (out.requires_grad or self.out.requires_grad)
-        if self._first_time(start, stop) and not grad:
-            self.out[:, :, start:stop] = out
-            self.lse[:, :, start:stop] = lse
+        grad = torch.is_grad_enabled() and (out.requires_grad or self._out is not None and self._out.requires_grad)
+        first = self._first_time(start, stop)
+        if first and not grad and self._out is None and (start, stop) == (0, self.shape[2]):
+            self._out, self._lse = out, lse.to(self.dtype)  # (kept as it came: see the class)
             return
-        old_out, old_lse = self.out[:, :, start:stop], self.lse[:, :, start:stop]
+        self._allocate()
+        if first and not grad:
+            self._out[:, :, start:stop] = out
+            self._lse[:, :, start:stop] = lse
+            return
+        old_lse = self._lse[:, :, start:stop]
         new_lse = torch.logaddexp(old_lse, lse)
-        finite = torch.isfinite(new_lse)
-        safe = torch.where(finite, new_lse, torch.zeros_like(new_lse))
-        keep = torch.where(finite, torch.exp(old_lse - safe), torch.zeros_like(safe))
-        take = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(safe))
+        # (a query no call has seen yet: both -inf, weights exp(-inf - 0) = 0; six launches, where a where() per
+        # weight took fourteen: on CUDA each launch costs more than a merge's arithmetic)
+        safe = torch.nan_to_num(new_lse, neginf=0.0)
+        keep, take = torch.exp(old_lse - safe), torch.exp(lse - safe)
         if grad:
-            merged = old_out * keep[..., None] + out * take[..., None]
-            self.out, self.lse = self.out.clone(), self.lse.clone()  # autograd keeps the old tensors it saved
-            self.out[:, :, start:stop] = merged
-        else:  # in place: no temporaries the size of the output (``out`` is the caller's own result)
-            old_out.mul_(keep[..., None]).add_(out.mul_(take[..., None]))
-        self.lse[:, :, start:stop] = new_lse
+            merged = self._out[:, :, start:stop] * keep[..., None] + out * take[..., None]
+            self._out, self._lse = self._out.to(self.dtype, copy=True), self._lse.clone()  # (autograd keeps the old)
+            self._out[:, :, start:stop] = merged
+        elif self._out.dtype != self.dtype:  # a first result kept as it came: read into float32 while scaled
+            if (start, stop) == (0, self.shape[2]):
+                self._out = (self._out * keep[..., None]).addcmul_(out, take[..., None])
+            else:
+                scale = torch.ones(self.shape[:-1], dtype=self.dtype, device=self.device)
+                scale[:, :, start:stop] = keep
+                self._out = self._out * scale[..., None]
+                self._out[:, :, start:stop].addcmul_(out, take[..., None])
+        else:  # in place: no temporaries the size of the output
+            self._out[:, :, start:stop].mul_(keep[..., None]).addcmul_(out, take[..., None])
+        self._lse[:, :, start:stop] = new_lse
 
 
 class SingleQuery:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import rope_ext.attention.blocks as blocks
 import rope_ext.attention.dispatch as dispatch
+import rope_ext.attention.flex as flex
 import rope_ext.attention.kernels as kernels
 from rope_ext.attention.merge import Accumulator
 from rope_ext.attention.program import Bias, Call, Kernel, QueryScale, RowGroup, register_kernel
@@ -119,12 +120,18 @@ def run_plain(call: Call) -> torch.Tensor:
         )  # [b, h, n, dv]
 
     key_only = None if bias is None else key_bias_function(call)
+    of_distance = bias is not None and all(term.of_distance for term in call.program.of_type(Bias))
 
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = blocks.scaled_queries(call, group), group.k, group.v
         n, m = q.shape[2], k.shape[2]
         acc = blocks.accumulator_for(call, q, k, v, bias)
         inference = type(acc) is Accumulator and not acc.dropout  # (not decode, not recorded for training)
+        if of_distance and group.contiguous and far_limit is None and inference and n > 1 and flex.available(q, k, v):
+            table = flex.distance_table(bias, m, q.device, q.shape[1])  # (CUDA: one fused call, see flex)
+            out = flex.distance_biased(q, k, v, call.scale, table)
+            if out is not None:
+                return out
         if key_only is not None and group.contiguous and far_limit is None and inference:
             _key_bias_blocks(acc, q, k, v, call.scale, m - n, bias, key_only)
         elif group.contiguous or bias is None:

@@ -93,9 +93,8 @@ class QueryScale(Term):
 class Bias(Term):
     """An additive attention bias computed from positions, block by block.
 
-    A bias with a key-only form declares it: its class subclasses ``KeyOnlyBias`` as well (``rope_ext.methods.biases``:
-    ``key_bias(c, k_pos) -> [heads, 1, m]``), and the kernels add that one row for every query of a block. A term
-    whose form depends on what it holds (a bias method's module) says so through ``has_key_bias``."""
+    A bias with a key-only form subclasses ``KeyOnlyBias`` as well (``key_bias(c, k_pos) -> [heads, 1, m]``): the
+    kernels add that one row for every query of a block; a term holding a module says so through ``has_key_bias``."""
 
     name = "bias"
 
@@ -108,6 +107,11 @@ class Bias(Term):
     def has_key_bias(self) -> bool:
         """Whether this bias gives its key-only form (``key_bias``): declared by subclassing ``KeyOnlyBias``."""
         return isinstance(self, KeyOnlyBias)
+
+    @property
+    def of_distance(self) -> bool:
+        """Whether the bias depends on the distance ``i - j`` alone (a term that does says so)."""
+        return False
 
 
 class MethodTerm(Term):

@@ -56,8 +56,9 @@ class _RecordedAttention(torch.autograd.Function):
         ctx.calls = [(a, b, scale, causal) for a, b, q, k, v, scale, allowed, causal, bias in recorder.calls]
         masks = [allowed for a, b, q, k, v, scale, allowed, causal, bias in recorder.calls]
         recorder.calls = []  # (autograd holds the tensors it saved, and frees them after the backward)
-        ctx.save_for_backward(acc.out, acc.lse, *tensors, *masks)
-        return acc.out
+        out = acc.out.to(recorder.dtype)  # (a single call's output comes in the call's dtype)
+        ctx.save_for_backward(out, acc.lse, *tensors, *masks)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -26,11 +26,11 @@ import torch
 
 import rope_ext.attention.blocks as blocks
 import rope_ext.attention.kernels as kernels
-from rope_ext.attention.key_cache import NOWHERE, KeyRotation
+from rope_ext.attention.key_cache import NOWHERE, KeyRotation, shared_tables
 from rope_ext.attention.program import Bias, Call, Kernel, PositionRule, RowGroup, register_kernel
 from rope_ext.methods.dual_chunk import DualChunkConfig
 from rope_ext.methods.position_rules import WindowConfig, plain_regions, same_position
-from rope_ext.methods.rope import rotate, rotate_at_zero
+from rope_ext.methods.rope import rotate_at_zero
 
 #: ``runner(acc, rule, q, k, v, scale, q_pos, keys, bias, far_limit)``: a rule's attention over rows at positions
 #: ``0..m-1`` (queries the last ``n`` keys), merged into ``acc``
@@ -79,12 +79,13 @@ def run_rule(call: Call) -> torch.Tensor:
     bias = blocks.bias_function(call)
     far_limit = None if call.sliding_window is None else call.sliding_window - 1
     fast = fast_runner_for(term.config)  # (None: no runner for this rule's class, the general path)
+    shared = None if torch.is_grad_enabled() else shared_tables(call.position_ids, inv_freq, attention_factor)
 
     def attend(group: RowGroup) -> torch.Tensor:
         q, k, v = blocks.scaled_queries(call, group), group.k, group.v
         acc = blocks.accumulator_for(call, q, k, v, bias)
         if group.contiguous and fast is not None:
-            keys = KeyRotation(term, group.keep, inv_freq, attention_factor)
+            keys = KeyRotation(term, group.keep, inv_freq, attention_factor, shared)
             fast(acc, term.config, q, k, v, call.scale, group.q_pos, keys, bias, far_limit)
         else:
             regions = [(r.allowed, r.query, r.key) for r in _regions(term.config)]
@@ -113,7 +114,7 @@ def plain_rope(acc, rule, q, k, v, scale, q_pos, keys: KeyRotation, bias, far_li
     block = n if bias is None else kernels.query_block(q)
     for a in range(0, n, block):
         b = min(n, a + block)
-        q_std = rotate(q[:, :, a:b], q_pos[a:b], keys.inv_freq, keys.attention_factor)
+        q_std = keys.rotate(q[:, :, a:b], q_pos[a:b], ("position", q0 + a, q0 + b))
         kernels.region(
             acc, q_std, k_std, v[:, :, start:], scale, q0 + a, 0, far_limit, start, kernels.TILE, out_offset=a, bias=bias
         )
@@ -137,7 +138,7 @@ def window(acc, method: WindowConfig, q, k, v, scale, q_pos, keys: KeyRotation, 
     block = kernels.query_block(q)  # (in blocks: one block's rotated queries at a time)
     for a in range(0, n, block):
         b = min(n, a + block)
-        q_std = rotate(q[:, :, a:b], q_pos[a:b], inv_freq, attention_factor)
+        q_std = keys.rotate(q[:, :, a:b], q_pos[a:b], ("position", q0 + a, q0 + b))
         kernels.region(
             acc, q_std, k_band, v[:, :, band_start:], scale, q0 + a, 0, w - 1, band_start, kernels.TILE,
             out_offset=a, bias=bias,
@@ -155,7 +156,7 @@ def window(acc, method: WindowConfig, q, k, v, scale, q_pos, keys: KeyRotation, 
     first = max(0, w - q0)  # queries before position w have no far keys
     for a in range(first, n, block):  # (one block's rotated queries and output at a time)
         b = min(n, a + block)
-        q_far = rotate(q[:, :, a:b], method.far_query(q_pos[a:b]), inv_freq, attention_factor)
+        q_far = keys.rotate(q[:, :, a:b], lambda: method.far_query(q_pos[a:b]), (("far", method), q0 + a, q0 + b))
         kernels.region(acc, q_far, k_far, v[:, :, :far_keys], scale, q0 + a, w, None, out_offset=a, bias=bias)
         del q_far
 
@@ -167,7 +168,6 @@ def dual_chunk(acc, method: DualChunkConfig, q, k, v, scale, q_pos, keys: KeyRot
     m, n = k.shape[2], q.shape[2]
     q0 = m - n
     s, size = method.chunk, method.chunk_size
-    inv_freq, attention_factor = keys.inv_freq, keys.attention_factor
     k_rot = keys.at(("chunk", method), k, lambda j: torch.remainder(j, s))
     a = 0
     while a < n:  # (rotated per chunk: one chunk's copies at a time)
@@ -176,18 +176,18 @@ def dual_chunk(acc, method: DualChunkConfig, q, k, v, scale, q_pos, keys: KeyRot
         b = min(n, start + s - q0)
         qc, within = q[:, :, a:b], torch.remainder(q_pos[a:b], s)
         span = slice(start, q0 + b)
-        q_intra = rotate(qc, within, inv_freq, attention_factor)
+        q_intra = keys.rotate(qc, within, (("chunk", method), q0 + a, q0 + b))
         kernels.region(acc, q_intra, k_rot[:, :, span], v[:, :, span], scale, p0, 0, None, start, out_offset=a, bias=bias)
         del q_intra
-        for span, query in (
-            (slice(start - s, start), torch.clamp(within + s, max=size)) if start >= s else (None, None),
-            (slice(0, start - s), torch.full_like(within, float(size))) if start >= 2 * s else (None, None),
+        for name, span, query in (
+            ("previous", slice(start - s, start), lambda: torch.clamp(within + s, max=size)) if start >= s else (0, 0, 0),
+            ("older", slice(0, start - s), lambda: torch.full_like(within, float(size))) if start >= 2 * s else (0, 0, 0),
         ):
-            if span is None:
+            if not span:
                 continue
             keys_at = torch.arange(span.start, span.stop, device=q.device, dtype=torch.float32)
             block_bias = None if bias is None else bias(q_pos[a:b], keys_at)
-            q_other = rotate(qc, query, inv_freq, attention_factor)
+            q_other = keys.rotate(qc, query, ((name, method), q0 + a, q0 + b))
             acc.attend(a, b, q_other, k_rot[:, :, span], v[:, :, span], scale, span.start, bias=block_bias)
             del q_other
         a = b

@@ -305,6 +305,10 @@ class ShiftedBias(Bias):
     def has_key_bias(self) -> bool:  # type: ignore[override]
         return self.term.has_key_bias
 
+    @property
+    def of_distance(self) -> bool:  # type: ignore[override]
+        return self.term.of_distance
+
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.term.bias(q_pos + self.offset, k_pos + self.offset)
 
@@ -332,7 +336,7 @@ def run_over_kept_keys(call: Call, dropped: int) -> torch.Tensor:
         return call.program.run(call)
     call = call.replace(position_ids=None)
     program = call.program
-    if all(getattr(term, "of_distance", False) for term in program.of_type(Bias)):
+    if all(term.of_distance for term in program.of_type(Bias)):
         return program.run(call)
     offsets = first.tolist()
     if len(set(offsets)) == 1:

@@ -19,24 +19,38 @@ def rope_cos_sin(
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
+def rotation_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotate``'s ``(cos, sin)`` at ``positions`` (``[n]``, or ``[b, n]`` per row) in ``dtype``, shaped to
+    broadcast over the heads and both halves: ``[n, 1, r/2]`` (``[b, 1, n, 1, r/2]``)."""
+    freqs = positions[..., None].float() * inv_freq.to(device=positions.device, dtype=torch.float)  # [(b,) n, r/2]
+    cos, sin = freqs.cos(), freqs.sin()
+    if not (isinstance(attention_factor, float | int) and attention_factor == 1):  # (times 1 is exact: no launch)
+        cos, sin = cos * attention_factor, sin * attention_factor
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    if positions.dim() == 2:  # per row: [b, 1, n, r/2], broadcast over the heads
+        cos, sin = cos[:, None], sin[:, None]
+    return cos.unsqueeze(-2), sin  # (cos [..., n, 1, r/2]: broadcast over both halves)
+
+
 def rotate(
-    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    positions: torch.Tensor | None,
+    inv_freq: torch.Tensor,
+    attention_factor,
+    out: torch.Tensor | None = None,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``x [b, h, n, d]`` rotated at ``positions`` (``[n]``, or ``[b, n]`` per row), bit for bit as transformers'
     ``apply_rotary_pos_emb`` computes ``x * cos + rotate_half(x) * sin`` (cos/sin in float32, cast to ``x``'s
     dtype; dims past the rotary dimension pass unchanged), written into ``out`` (a new tensor when ``None``)
     without full-size temporaries: both halves of transformers' cos/sin are the same values, ``(-a) * s == -(a *
     s)`` and ``c + (-p) == c - p`` in IEEE arithmetic, so ``out = x * cos``, then ``out_lo -= x_hi * sin``,
-    ``out_hi += x_lo * sin``."""
-    freqs = positions[..., None].float() * inv_freq.to(device=positions.device, dtype=torch.float)  # [(b,) n, r/2]
-    cos, sin = freqs.cos(), freqs.sin()
-    if not (isinstance(attention_factor, float | int) and attention_factor == 1):  # (times 1 is exact: no launch)
-        cos, sin = cos * attention_factor, sin * attention_factor
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if positions.dim() == 2:  # per row: [b, 1, n, r/2], broadcast over the heads
-        cos, sin = cos[:, None], sin[:, None]
-    cos = cos.unsqueeze(-2)  # [..., n, 1, r/2]: broadcast over both halves
-    half = freqs.shape[-1]
+    ``out_hi += x_lo * sin``. ``tables``: ``rotation_tables(positions, inv_freq, attention_factor, x.dtype)``
+    made already (``positions`` is then not read)."""
+    cos, sin = tables if tables is not None else rotation_tables(positions, inv_freq, attention_factor, x.dtype)
+    half = sin.shape[-1]
     rotary = 2 * half
     if torch.is_grad_enabled() and x.requires_grad:  # (autograd takes no out=): the same values out of place
         scaled = x[..., :rotary].unflatten(-1, (2, half)) * cos

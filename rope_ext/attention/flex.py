@@ -1,0 +1,117 @@
+"""A bias of the distance alone as one fused attention call on CUDA: ``torch``'s flex attention with the bias as a
+score modification.
+
+On CUDA every call of the blockwise path costs tens of microseconds of launches, whatever its size: ALiBi's far
+blocks and causal squares (``plain._key_bias_blocks``, about 150 calls a layer at 16k) took 72 times SDPA's time on
+an H200, and a bias written out per block costs memory the size of the scores. A bias that depends on ``i - j``
+alone (``Bias.of_distance``: ALiBi, KERPLE, Sandwich) is instead read from one table of its values at every
+distance, ``table[h, i - j]`` (``n`` values a head: the bias at the last query over every key), and added to the
+float32 scores inside the kernel (``flex_attention``'s ``score_mod``, compiled by ``torch.compile`` into one
+Triton kernel), under a causal block mask: one call a layer, no bias in memory, the bias never rounded to the
+call's dtype. Inference on rows at positions ``0..m-1`` only (the queries the last ``n`` keys, no sliding window);
+everything else keeps the blockwise path.
+
+The first call compiles (seconds); later shapes reuse it (dynamic shapes; the causal offset is a tensor). Where the
+compiled call fails, a warning says so and the blockwise path runs from then on. ``COMPILE = False`` runs the same
+function uncompiled (tests on the CPU: flex attention's own eager implementation, which writes out the scores).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+#: run flex attention through ``torch.compile`` (False: its eager implementation, for tests on small inputs)
+COMPILE = True
+#: set when the compiled call failed in this process (the blockwise path runs instead)
+COMPILE_FAILED = False
+#: flex attention's ``kernel_options``: with its defaults the default model's shape (bf16, head size 64) did not
+#: compile on an H200 (the kernel asked for 240 KiB of shared memory, the chip has 227); of the options tried there
+#: (``docs/results/cuda/flex_configs.json``) these compiled and ran fastest
+KERNEL_OPTIONS: dict | None = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "num_warps": 4}
+
+
+def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the fused call runs here: CUDA, no gradients, one head size (a power of two, 16 to 256) for queries,
+    keys and values, half or single precision, and torch's flex attention importable with Triton."""
+    if q.device.type != "cuda" or torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    d = q.shape[-1]
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+        return False
+    return k.shape[-1] == v.shape[-1] == d and 16 <= d <= 256 and d & (d - 1) == 0 and _with_triton()
+
+
+@functools.lru_cache(maxsize=None)
+def _with_triton() -> bool:
+    """Whether flex attention and Triton (which ``torch.compile`` writes its kernel in) are importable."""
+    try:
+        import triton  # noqa: F401
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _flex():
+    """``(flex_attention, create_block_mask)``."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    return flex_attention, create_block_mask
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    flex_attention, _ = _flex()
+    return torch.compile(flex_attention, dynamic=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_mask(n: int, m: int, device: torch.device):
+    """Query ``a`` (at position ``m - n + a``) sees the keys ``0..m - n + a``: the bottom-right causal rule (the
+    offset a tensor, so that the compiled call does not specialise on it)."""
+    _, create_block_mask = _flex()
+    offset = torch.tensor(m - n, device=device)
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    return create_block_mask(causal, None, None, n, m, device=device), offset
+
+
+def distance_table(bias, m: int, device: torch.device, heads: int) -> torch.Tensor:
+    """``[heads, m]`` float32: entry ``d`` the bias at distance ``d`` (the bias of a query at ``m - 1`` over the keys
+    ``m - 1 - d``), from ``bias(i, j) -> [h or 1, n, m]`` of a bias of the distance alone."""
+    last = torch.full((1,), float(m - 1), device=device)
+    row = bias(last, torch.arange(m, device=device, dtype=torch.float32))[:, 0]  # [h or 1, m], keys 0..m-1
+    return row.flip(-1).float().expand(heads, m).contiguous()
+
+
+def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, table: torch.Tensor):
+    """Causal attention of ``q [b, h, n, d]`` (the last ``n`` of the ``m`` keys) over ``k, v [b, hk, m, d]`` (GQA
+    heads as they are) with ``table[h, i - j]`` added to each scaled score -> ``[b, h, n, d]`` in ``q``'s dtype;
+    ``None`` where the compiled call fails here (then never tried again in this process: the caller's blockwise path
+    runs, after one warning)."""
+    global COMPILE_FAILED
+    if COMPILE_FAILED:
+        return None
+    block_mask, offset = _causal_mask(q.shape[2], k.shape[2], q.device)
+
+    def score_mod(score, b, h, q_idx, kv_idx):  # (pairs the mask drops are read at distance 0: never outside)
+        return score + table[h, torch.clamp(q_idx + offset - kv_idx, min=0)]
+
+    flex_attention, _ = _flex()
+    groups = q.shape[1] // k.shape[1]
+    if not COMPILE:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
+    try:
+        return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1,
+                           kernel_options=KERNEL_OPTIONS)
+    except Exception as error:  # (torch.compile's errors have no common class)
+        COMPILE_FAILED = True
+        warnings.warn(f"rope_ext: the fused bias attention (flex attention through torch.compile) failed here "
+                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); biases run "
+                      "on the blockwise path from now on", RuntimeWarning, stacklevel=2)
+        return None
