@@ -66,8 +66,8 @@ def _setup(model, spec: str, s2: bool, checkpointing: bool = False):
         methods.append(get_method_class("s2_attn")())
     if methods:
         rope_ext.patch(model, methods)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if checkpointing:  # (transformers' newer name; the old one warns that it goes in v6)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     wrapped = lora_model(model, 8, 16, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj"], [])
     optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-5)
     wrapped.train()
@@ -78,8 +78,8 @@ def _teardown(model, wrapped, patched: bool) -> None:
     import rope_ext
 
     wrapped.unload()
-    if model.is_gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+    if model.is_activation_checkpointing:
+        model.activation_checkpointing_disable()
     if patched:
         rope_ext.unpatch(model)
     model.eval()

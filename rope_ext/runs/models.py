@@ -104,17 +104,22 @@ class UnfinishedRun(ValueError):
         )
 
 
-def load_tokenizer(name: str) -> Any:
-    """``"default"`` (the default model's tokenizer), a local folder or a hub id (online only)."""
+def load_tokenizer(name: str, beside_model: bool = False) -> Any:
+    """``"default"`` (the default model's tokenizer), a local folder or a hub id (online only). ``beside_model``:
+    ``name`` holds a model, so a missing tokenizer is a ``MissingTokenizer`` (how to save one beside it)."""
     from transformers import AutoTokenizer
 
     if name == "default":
         return load_default_tokenizer()
+
+    def missing(why: str) -> ValueError:
+        return MissingTokenizer(name) if beside_model else ValueError(f"{name!r} holds no tokenizer ({why})")
+
     if _lacks_tokenizer(name):
-        raise ValueError(f"{name!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+        raise missing(f"none of {', '.join(TOKENIZER_FILES)}")
     tokenizer = AutoTokenizer.from_pretrained(name)
     if len(tokenizer) <= 1:  # (transformers 5 builds an empty tokenizer for some model types where there is none)
-        raise ValueError(f"{name!r} holds no tokenizer (an empty vocabulary)")
+        raise missing("an empty vocabulary")
     return tokenizer
 
 
@@ -129,21 +134,11 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
     A folder saved while patched comes back patched (see ``from_pretrained``); a ``rope-ext finetune`` folder comes
     back as its patched base with the adapter merged in.
     """
-    from transformers import AutoTokenizer
-
     if name == "default":
         return load_default_model(dtype=dtype)
     model = load_finetuned(name, dtype=dtype) if is_finetune_folder(name) else from_pretrained(name, dtype=dtype)
     model.eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError):
-        if _lacks_tokenizer(name):
-            raise MissingTokenizer(name) from None
-        raise
-    if len(tokenizer) <= 1:  # (transformers 5 builds an empty tokenizer for some model types where there is none)
-        raise MissingTokenizer(name)
-    return model, tokenizer
+    return model, load_tokenizer(name, beside_model=True)
 
 
 #: ``from_pretrained`` keyword arguments that locate the files: the config and the weights both need them.

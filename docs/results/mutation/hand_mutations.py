@@ -4,6 +4,10 @@
 
 Each line printed: the mutation, pytest's exit code (1: a test failed, the mutation is caught; 0: none did) and the
 tests that failed. The mutations edit a copy of the repository in /tmp/hm (README.md), never the checkout.
+
+The paths and texts are those of the code when these were run, before the three floors (0.2) moved them
+(``rope_ext/methods/attention.py`` and ``frequency.py`` became ``position_rules``, ``window_rules``, ``dual_chunk``,
+``query_scales`` and a module per frequency method) and declared the options: run it on a checkout of ab59209.
 """
 import os
 import subprocess
