@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from rope_ext.installers.base import ForwardPreHookEdit, PlanBuilder
-from rope_ext.methods import HOOK_ATTENTION
+from rope_ext.methods import HOOK_POSITION_RULE
 
 _logger = logging.getLogger("rope_ext")
 
@@ -152,7 +152,7 @@ def warn_beyond_range(builder: PlanBuilder, anchor: nn.Module) -> None:
     ranges = builder.memo.get("ranges", {})
     if not ranges:
         return
-    method, limit = ranges.get(HOOK_ATTENTION) or next(iter(ranges.values()))
+    method, limit = ranges.get(HOOK_POSITION_RULE) or next(iter(ranges.values()))
     if limit is not None:
         builder.plan.edits.append(ForwardPreHookEdit(anchor, RangeWarning(method, limit)))
     config = getattr(anchor, "config", None)

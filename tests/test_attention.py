@@ -635,7 +635,7 @@ def test_stale_copies_go_at_the_next_forward_and_refused_calls_keep_no_cache(mod
 
 def test_families_whose_attention_ignores_the_interface_are_refused_naming_what_works():
     falcon = tiny_model("falcon")
-    refused = r"'dca' needs an 'attention' hook, which family 'falcon' does not support; methods for falcon: .*yarn"
+    refused = r"'dca' needs a 'position_rule' hook, which family 'falcon' does not support; methods for falcon: .*yarn"
     with pytest.raises(ValueError, match=refused):
         rope_ext.patch(falcon, "dca")
     assert rope_ext.get_patch(falcon) is None
@@ -956,7 +956,7 @@ def test_output_attentions_warns_that_no_weights_come_back(caplog):
 
 def test_two_attention_methods_are_refused_but_logn_combines():
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match="both 'attention' methods"):
+    with pytest.raises(ValueError, match="both 'position_rule' methods"):
         rope_ext.patch(model, ["rerope", "dca"])
     rope_ext.patch(model, ["dca", "logn", {"method": "yarn", "factor": 2}])
     assert [m.method for m in rope_ext.get_patch(model)] == ["yarn", "dca", "logn"]  # frequency, attention, scale
@@ -1008,7 +1008,7 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
         ("self_extend:G=4,W=16", {}, r"options are separated by ':' \(e.g. self_extend:G=4:W=16\)"),
         ("yarn:factor=4+nosuch", {}, "valid methods: .*dca"),
         ("yarn:factor", {}, "malformed method option"),
-        ("rerope+dca", {}, "both 'attention' methods"),
+        ("rerope+dca", {}, "both 'position_rule' methods"),
     ]:
         with pytest.raises(ValueError, match=message):
             rope_ext.patch(model, spec, **options)

@@ -267,7 +267,7 @@ def test_methods_lists_hook_kinds_and_meanings(capsys):
         (line,) = [line for line in lines if line.split()[:1] == [name]]
         assert line.split()[1] == get_method_class(name).hook and len(line.split()) > 3  # a meaning follows
         assert "(no description)" not in line, f"rope-ext methods prints no description for {name}: {line}"
-    assert any(re.match(r"dca +attention +Dual Chunk Attention", line) for line in lines)
+    assert any(re.match(r"dca +position_rule +Dual Chunk Attention", line) for line in lines)
     assert any(re.match(r"pi +frequency +Position Interpolation", line) for line in lines)  # (its declared summary)
     (yarn,) = [line for line in lines if line.startswith("yarn ")]  # (the summary's first sentence)
     assert yarn.endswith("(or DeepSeek's mscale / mscale_all_dim ratio).") and "Saved as" not in yarn

@@ -109,12 +109,12 @@ def tiny_t5():
 #: (installer's kind, declared key) -> (a model, a combination, the pair the refusal names)
 DECLARED = {
     ("bias", "frequency"): ("llama", "alibi+yarn:factor=2", "alibi", "yarn"),
-    ("bias", "attention"): ("llama", "alibi+dca", "alibi", "dca"),
+    ("bias", "position_rule"): ("llama", "alibi+dca", "alibi", "dca"),
     ("bias", "absolute"): ("gpt2", "alibi+abs_interp", "alibi", "abs_interp"),
     ("bias", "pair_scale"): ("llama", "xpos+alibi", "alibi", "xpos"),
     ("bias", "bucket"): ("t5", "alibi+t5_bucket_scale:factor=2", "alibi", "t5_bucket_scale"),
-    ("pair_scale", "attention"): ("llama", "xpos+dca", "xpos", "dca"),
-    ("wrapper", "attention"): ("llama", "s2_attn+dca", "s2_attn", "dca"),
+    ("pair_scale", "position_rule"): ("llama", "xpos+dca", "xpos", "dca"),
+    ("wrapper", "position_rule"): ("llama", "s2_attn+dca", "s2_attn", "dca"),
     ("wrapper", "query_scale"): ("llama", "s2_attn+logn", "s2_attn", "logn"),
     ("wrapper", "pair_scale"): ("llama", "s2_attn+xpos", "s2_attn", "xpos"),
     ("wrapper", "bias"): ("llama", "s2_attn+alibi", "s2_attn", "alibi"),
@@ -218,3 +218,14 @@ def test_a_padded_opt_batch_past_the_table_reads_the_patched_positions(method):
         alone = [logits(model, row) for row in (long, short)]
     torch.testing.assert_close(batch[0], alone[0][0], rtol=0, atol=5e-5)
     torch.testing.assert_close(batch[1, pad:], alone[1][0], rtol=0, atol=5e-5)
+
+
+def test_the_position_rules_kind_answers_to_its_old_name():
+    """The hook kind of ReRoPE, Self-Extend, DCA and STRING is ``position_rule`` (``attention`` before 0.2, a name
+    the attention *site* also has): code written against the old name still finds the installer."""
+    from rope_ext.installers.base import get_hook
+    from rope_ext.methods import HOOK_ATTENTION, HOOK_POSITION_RULE
+
+    assert HOOK_POSITION_RULE == HOOK_ATTENTION == "position_rule"
+    assert get_method_class("dca").hook == "position_rule"
+    assert get_hook("attention") is get_hook("position_rule")

@@ -235,7 +235,7 @@ def test_attention_dropout_trains_instead_of_being_refused():
 
 def test_the_missing_hook_message_reads_well():
     falcon = tiny_model("falcon")
-    with pytest.raises(ValueError, match="'dca' needs an 'attention' hook"):
+    with pytest.raises(ValueError, match="'dca' needs a 'position_rule' hook"):
         rope_ext.patch(falcon, "dca")
 
 
@@ -337,7 +337,7 @@ REROPE_REFUSED = {
     "hunyuan_v1_dense": r"method 'rerope' does not fit hunyuan_v1_dense: its attention transforms queries and keys "
                         r"after rotating them \(a norm after RoPE\)",
     "gemma2": r"method 'rerope' does not fit gemma2: its attention caps logits \(attn_logit_softcapping=50\.0\)",
-    "falcon": r"method 'rerope' needs an 'attention' hook, which family 'falcon' does not support; methods for falcon: ",
+    "falcon": r"method 'rerope' needs a 'position_rule' hook, which family 'falcon' does not support; methods for falcon: ",
     "exaone4": r"exaone4: every layer of this model uses sliding-window attention; attention methods apply to "
                r"full-attention layers$",
 }

@@ -33,9 +33,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
     if args.name is None:
         names = list_methods()
         width = max(len(name) for name in names) + 2
+        kind_width = max(len(get_method_class(name).hook) for name in names) + 2
         for name in names:
             cls = get_method_class(name)
-            print(f"{name:{width}s}{cls.hook:12s} {first_sentence(cls.summary)}")
+            print(f"{name:{width}s}{cls.hook:{kind_width}s}{first_sentence(cls.summary)}")
         print("\n`rope-ext methods NAME`: a method's summary and its options: type, default and meaning")
         return 0
     cls = get_method_class(args.name.strip())  # (unknown: ValueError naming the valid methods)

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from rope_ext.installers.combination import kind_traits, refuse_conflicts
-from rope_ext.methods import MethodConfig
+from rope_ext.methods import HOOK_POSITION_RULE, MethodConfig
 from rope_ext.registry import Registry
+
 
 class _Missing:
     """The marker of an attribute an edit found absent; one object even through ``copy.deepcopy`` and pickle."""
@@ -376,8 +377,12 @@ def unregister_hook(kind: str) -> None:
     _HOOKS.unregister(kind)
 
 
+#: hook kinds renamed, by their old names (code written against them still finds the installer)
+RENAMED_KINDS = {"attention": HOOK_POSITION_RULE}
+
+
 def get_hook(kind: str) -> HookInstaller:
-    return _HOOKS.get(kind)
+    return _HOOKS.get(RENAMED_KINDS.get(kind, kind))
 
 
 def hook_kinds_for(site_kinds: frozenset[str] | set[str]) -> frozenset[str]:

@@ -35,11 +35,11 @@ from rope_ext.installers.params import OwnedModule, own
 from rope_ext.installers.rotary import RotarySite
 from rope_ext.methods import (
     HOOK_ABSOLUTE,
-    HOOK_ATTENTION,
     HOOK_BIAS,
     HOOK_BUCKET,
     HOOK_FREQUENCY,
     HOOK_PAIR_SCALE,
+    HOOK_POSITION_RULE,
     BiasConfig,
     KeyOnlyBias,
     MethodConfig,
@@ -102,7 +102,7 @@ class BiasInstaller(HookInstaller):
     kind = HOOK_BIAS
     site_kinds = frozenset({AttentionSite.kind})
     alternative_site_kinds = (frozenset({BucketSite.kind}),)
-    conflicts = dict.fromkeys((HOOK_FREQUENCY, HOOK_ATTENTION, HOOK_ABSOLUTE, HOOK_PAIR_SCALE, HOOK_BUCKET), _ANOTHER_ENCODING)
+    conflicts = dict.fromkeys((HOOK_FREQUENCY, HOOK_POSITION_RULE, HOOK_ABSOLUTE, HOOK_PAIR_SCALE, HOOK_BUCKET), _ANOTHER_ENCODING)
 
     def fits(self, method_class: type, site_kinds: frozenset[str]) -> bool:
         return self.refusal(method_class, site_kinds) is None

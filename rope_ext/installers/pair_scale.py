@@ -14,7 +14,7 @@ from rope_ext.installers.attention import AttentionSite
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.installers.rotary import RotarySite
 from rope_ext.installers.rotation import rotate_in_attention
-from rope_ext.methods import HOOK_ATTENTION, HOOK_PAIR_SCALE, MethodConfig, XposConfig
+from rope_ext.methods import HOOK_PAIR_SCALE, HOOK_POSITION_RULE, MethodConfig, XposConfig
 
 
 class PairScaleInstaller(HookInstaller):
@@ -23,7 +23,7 @@ class PairScaleInstaller(HookInstaller):
     kind = HOOK_PAIR_SCALE
     site_kinds = frozenset({RotarySite.kind, AttentionSite.kind})
     rotates_in_attention = True
-    conflicts = {HOOK_ATTENTION: "{method} scales plain RoPE, and {other} remaps the positions"}
+    conflicts = {HOOK_POSITION_RULE: "{method} scales plain RoPE, and {other} remaps the positions"}
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, XposConfig)

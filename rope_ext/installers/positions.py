@@ -19,14 +19,21 @@ from rope_ext.installers.attention import installed_programs, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.installers.rotary import RotarySite
 from rope_ext.installers.rotation import check_chosen_layers, no_layer_to_rewrite, rotate_in_attention
-from rope_ext.methods import HOOK_ATTENTION, HOOK_FREQUENCY, HOOK_QUERY_SCALE, AttentionConfig, LogNConfig, MethodConfig
+from rope_ext.methods import (
+    HOOK_FREQUENCY,
+    HOOK_POSITION_RULE,
+    HOOK_QUERY_SCALE,
+    AttentionConfig,
+    LogNConfig,
+    MethodConfig,
+)
 from rope_ext.methods.base import check_length_within
 
 
 class PositionRuleInstaller(HookInstaller):
     """Attention-rewrite methods: a remapped relative position in every full-attention layer."""
 
-    kind = HOOK_ATTENTION
+    kind = HOOK_POSITION_RULE
     site_kinds = frozenset({RotarySite.kind, "attention"})
     rotates_in_attention = True
 

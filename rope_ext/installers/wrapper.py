@@ -15,9 +15,9 @@ from rope_ext.installers.attention import AttentionSite, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.installers.combination import ROTATES_IN_ATTENTION
 from rope_ext.methods import (
-    HOOK_ATTENTION,
     HOOK_BIAS,
     HOOK_PAIR_SCALE,
+    HOOK_POSITION_RULE,
     HOOK_QUERY_SCALE,
     HOOK_WRAPPER,
     MethodConfig,
@@ -33,7 +33,7 @@ class WrapperInstaller(HookInstaller):
 
     kind = HOOK_WRAPPER
     site_kinds = frozenset({AttentionSite.kind})
-    conflicts = dict.fromkeys((HOOK_ATTENTION, HOOK_QUERY_SCALE, HOOK_PAIR_SCALE, HOOK_BIAS), _NEEDS_POSITIONS) | {
+    conflicts = dict.fromkeys((HOOK_POSITION_RULE, HOOK_QUERY_SCALE, HOOK_PAIR_SCALE, HOOK_BIAS), _NEEDS_POSITIONS) | {
         ROTATES_IN_ATTENTION: "{method}'s groups lose the tokens' positions, which {other} needs to rotate queries and "
                               "keys there; with cache_consistent=false a frequency method rotates them before attention",
     }

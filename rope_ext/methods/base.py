@@ -18,12 +18,15 @@ from rope_ext.methods.options import check_options, meaning_of
 from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.registry import Registry
 
-#: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.installers``; the window,
-#: bias and absolute-table methods bring kinds of their own (``attention``, ``bias``, ``absolute``).
+#: The hook kind of the frequency methods. Each kind has an installer in ``rope_ext.installers``; the position-rule,
+#: bias and absolute-table methods bring kinds of their own (``position_rule``, ``bias``, ``absolute``).
 HOOK_FREQUENCY = "frequency"
-#: The hook kinds of the attention-rewrite methods, of query scaling and of wrappers around the whole attention
-#: call (S2-Attn; ``rope_ext.methods.position_rules``, ``query_scales``, ``wrappers``).
-HOOK_ATTENTION = "attention"
+#: The hook kinds of the position rules (the attention rewrites: ReRoPE, Self-Extend, DCA, STRING), of query scaling
+#: and of wrappers around the whole attention call (S2-Attn; ``rope_ext.methods.position_rules``, ``query_scales``,
+#: ``wrappers``). ``HOOK_ATTENTION`` (``"attention"``) is the position rules' name before 0.2: the attention module
+#: is a *site* kind, which every kind here uses (``get_hook("attention")`` still finds the installer).
+HOOK_POSITION_RULE = "position_rule"
+HOOK_ATTENTION = HOOK_POSITION_RULE
 HOOK_QUERY_SCALE = "query_scale"
 HOOK_WRAPPER = "wrapper"
 #: The hook kinds of the additive biases (ALiBi...; ``rope_ext.methods.biases``) and of the learned absolute tables
@@ -142,7 +145,7 @@ def make_configs(method: Any, **kwargs: Any) -> tuple[MethodConfig, ...]:
 #: computed with it, then what scales it, then what wraps the whole call (its installer sees the others' terms);
 #: kinds not listed follow in the order given
 HOOK_ORDER = (
-    HOOK_FREQUENCY, HOOK_ABSOLUTE, HOOK_BUCKET, HOOK_LOG_BUCKET, HOOK_DISTANCE, HOOK_BIAS, HOOK_ATTENTION,
+    HOOK_FREQUENCY, HOOK_ABSOLUTE, HOOK_BUCKET, HOOK_LOG_BUCKET, HOOK_DISTANCE, HOOK_BIAS, HOOK_POSITION_RULE,
     HOOK_PAIR_SCALE, HOOK_QUERY_SCALE, HOOK_WRAPPER,
 )
 

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from rope_ext.methods.base import HOOK_ATTENTION, MethodConfig
+from rope_ext.methods.base import HOOK_POSITION_RULE, MethodConfig
 from rope_ext.methods.options import context_length, integer, option
 
 ORIGINAL = "the original context L"
@@ -77,7 +77,7 @@ def plain_regions() -> list[Region]:
 class AttentionConfig(MethodConfig):
     """Base of the methods that rewrite attention (hook kind ``attention``)."""
 
-    hook: ClassVar[str] = HOOK_ATTENTION
+    hook: ClassVar[str] = HOOK_POSITION_RULE
 
     original_max_position_embeddings: int | None = option(
         None, context_length(), kw_only=True,
