@@ -17,9 +17,9 @@ from rope_ext.attention.program import AttentionProgram, Bias, Call, PositionRul
 from rope_ext.attention.reference import program_reference
 from rope_ext.methods import (
     MAX_FACTOR,
-    AttentionConfig,
     KeyOnlyBias,
     MethodConfig,
+    PositionRuleConfig,
     Region,
     WindowConfig,
     WindowRule,
@@ -171,7 +171,7 @@ class HalfSlope(WindowRule):
 
 
 @dataclass(frozen=True)
-class Halved(AttentionConfig):
+class Halved(PositionRuleConfig):
     """A rule that is no window: every distance halved (the query and the key at half their positions)."""
 
     method: ClassVar[str] = "toy_halved"

@@ -222,10 +222,14 @@ def test_a_padded_opt_batch_past_the_table_reads_the_patched_positions(method):
 
 def test_the_position_rules_kind_answers_to_its_old_name():
     """The hook kind of ReRoPE, Self-Extend, DCA and STRING is ``position_rule`` (``attention`` before 0.2, a name
-    the attention *site* also has): code written against the old name still finds the installer."""
+    the attention *site* also has) and their base ``PositionRuleConfig`` (``AttentionConfig``): code written against
+    the old names still finds the installer and the class."""
     from rope_ext.installers.base import get_hook
     from rope_ext.methods import HOOK_ATTENTION, HOOK_POSITION_RULE
 
     assert HOOK_POSITION_RULE == HOOK_ATTENTION == "position_rule"
     assert get_method_class("dca").hook == "position_rule"
     assert get_hook("attention") is get_hook("position_rule")
+    from rope_ext.methods import AttentionConfig, PositionRuleConfig
+
+    assert AttentionConfig is PositionRuleConfig and issubclass(get_method_class("dca"), PositionRuleConfig)

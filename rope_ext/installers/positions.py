@@ -23,9 +23,9 @@ from rope_ext.methods import (
     HOOK_FREQUENCY,
     HOOK_POSITION_RULE,
     HOOK_QUERY_SCALE,
-    AttentionConfig,
     LogNConfig,
     MethodConfig,
+    PositionRuleConfig,
 )
 from rope_ext.methods.base import check_length_within
 
@@ -38,7 +38,7 @@ class PositionRuleInstaller(HookInstaller):
     rotates_in_attention = True
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
-        assert isinstance(method, AttentionConfig)
+        assert isinstance(method, PositionRuleConfig)
         rotation = rotate_in_attention(builder, method.method)
         limits = set()
         frequency = rotation.rotary.method

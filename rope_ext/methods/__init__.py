@@ -49,7 +49,7 @@ from rope_ext.methods.interpolation import DynamicNTKConfig, NTKConfig, PIConfig
 from rope_ext.methods.llama3 import Llama3Config
 from rope_ext.methods.longrope import LongRopeConfig
 from rope_ext.methods.options import MAX_FACTOR, Check, option
-from rope_ext.methods.position_rules import AttentionConfig, Region, WindowConfig, WindowRule
+from rope_ext.methods.position_rules import AttentionConfig, PositionRuleConfig, Region, WindowConfig, WindowRule
 from rope_ext.methods.query_scales import LogNConfig
 from rope_ext.methods.window_rules import LeakyReRopeConfig, ReRopeConfig, SelfExtendConfig, StringConfig
 from rope_ext.methods.wrappers import S2AttnConfig, s2_group_size
@@ -91,6 +91,7 @@ __all__ = [
     "HOOK_QUERY_SCALE",
     "HOOK_WRAPPER",
     "AttentionConfig",
+    "PositionRuleConfig",
     "DualChunkConfig",
     "LeakyReRopeConfig",
     "LogNConfig",

@@ -14,13 +14,13 @@ import torch
 
 from rope_ext.methods.base import register_method
 from rope_ext.methods.options import flag, integer, option
-from rope_ext.methods.position_rules import AttentionConfig, Region, check_below, check_within
+from rope_ext.methods.position_rules import PositionRuleConfig, Region, check_below, check_within
 from rope_ext.methods.windows import dca_positions
 
 
 @register_method
 @dataclass(frozen=True)
-class DualChunkConfig(AttentionConfig):
+class DualChunkConfig(PositionRuleConfig):
     """Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; HKUNLP/ChunkLlama): keys at ``j mod s``
     (``s = chunk_size - local_window``); a query at ``i mod s`` for its own chunk, at
     ``min(i mod s + s, chunk_size)`` for the previous one, at ``chunk_size`` for older ones.

@@ -7,7 +7,7 @@ rotated at remapped positions. ``rope_ext.attention`` evaluates the regions as e
 their log-sum-exp, so no ``n x n`` matrix is built; the mappings themselves are in ``rope_ext.methods.windows`` and
 the plain reference in ``rope_ext.attention.reference``.
 
-* ``AttentionConfig`` -- every rule: ``relative(i, j)`` (the reference's ``rel'``) and ``regions()`` (the fast
+* ``PositionRuleConfig`` -- every rule: ``relative(i, j)`` (the reference's ``rel'``) and ``regions()`` (the fast
   path's form of it);
 * ``WindowConfig`` -- a window rule: plain RoPE below ``window``, the far rotation (``far_query``, ``far_key``)
   beyond; it runs on the window fast runner (``rope_ext.attention.rules``);
@@ -74,8 +74,8 @@ def plain_regions() -> list[Region]:
 
 
 @dataclass(frozen=True)
-class AttentionConfig(MethodConfig):
-    """Base of the methods that rewrite attention (hook kind ``attention``)."""
+class PositionRuleConfig(MethodConfig):
+    """Base of the position rules, the methods that rewrite attention (hook kind ``position_rule``)."""
 
     hook: ClassVar[str] = HOOK_POSITION_RULE
 
@@ -84,13 +84,13 @@ class AttentionConfig(MethodConfig):
         meaning="``L``, the original context the defaults are derived from and checked against; None: the "
                 "rotation's (a frequency method's stated one, else the model config's)")
 
-    def resolved(self, original: int) -> AttentionConfig:
+    def resolved(self, original: int) -> PositionRuleConfig:
         """This config with the options left at ``None`` derived from ``L`` (its own
         ``original_max_position_embeddings``, else ``original``), checked against it; the result states its ``L``."""
         length = self.original_max_position_embeddings or original
         return dataclasses.replace(self.with_defaults(length), original_max_position_embeddings=length)
 
-    def with_defaults(self, original: int) -> AttentionConfig:
+    def with_defaults(self, original: int) -> PositionRuleConfig:
         """This config with its ``None`` options derived from ``L`` = ``original`` and checked against it (a rule
         with such options overrides it)."""
         return self
@@ -116,8 +116,12 @@ class AttentionConfig(MethodConfig):
         return None
 
 
+#: the name before 0.2
+AttentionConfig = PositionRuleConfig
+
+
 @dataclass(frozen=True)
-class WindowConfig(AttentionConfig):
+class WindowConfig(PositionRuleConfig):
     """Plain RoPE for ``rel < window``; beyond it the query rotated at ``far_query(i)`` and the key at
     ``far_key(j)`` (positions as float tensors). Its subclasses run on the window fast runner
     (``rope_ext.attention.rules.register_fast_runner``)."""
