@@ -93,7 +93,7 @@ def _forward(model, ids, name: str):
     return model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
 
-def _prefill(model, ids, name: str, device: str) -> tuple[float, int]:
+def _prefill(model, ids, name: str, device: str) -> tuple[float, int | None]:
     on_cuda = device == "cuda"
     _sync(device)
     before = torch.cuda.memory_allocated() if on_cuda else 0
@@ -101,7 +101,7 @@ def _prefill(model, ids, name: str, device: str) -> tuple[float, int]:
         torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
         seconds, _ = _timed(lambda: _forward(model, ids, name), device)
-    return seconds, (torch.cuda.max_memory_allocated() - before) if on_cuda else 0
+    return seconds, (torch.cuda.max_memory_allocated() - before) if on_cuda else None  # (None: not measured)
 
 
 def _decode(model, cache, first_token, tokens: int, device: str) -> tuple[float, float]:
@@ -146,8 +146,8 @@ def _measure_prefill(model, args, configs, generator) -> list[dict]:
                 with _patch(model, config):
                     seconds, peak = _prefill(model, ids, args.model, args.device)
                 rows.append(dict(length=length, config=config, round=round_, seconds=seconds, peak_bytes=peak))
-                print(f"prefill {length} {config} round {round_}: {seconds:.3f} s, peak +{peak / 2**20:.0f} MiB",
-                      flush=True)
+                shown = "not measured" if peak is None else f"+{peak / 2**20:.0f} MiB"
+                print(f"prefill {length} {config} round {round_}: {seconds:.3f} s, peak {shown}", flush=True)
     return rows
 
 
@@ -250,12 +250,15 @@ def _summary(prefill, decode, configs, lengths, batches) -> list[dict]:
             if not runs:
                 continue
             time_ratio = _spread([r["seconds"] / base[r["round"]]["seconds"] for r in runs])
-            peak_ratio = _spread([r["peak_bytes"] / max(1, base[r["round"]]["peak_bytes"]) for r in runs])
+            measured = runs[0]["peak_bytes"] is not None  # (on the CPU: not measured, null)
+            peak_ratio = _spread([r["peak_bytes"] / max(1, base[r["round"]]["peak_bytes"]) for r in runs]) if measured \
+                else dict(median=None)
             rows.append(dict(
                 stage="prefill", length=length, config=config,
                 seconds=statistics.median(r["seconds"] for r in runs), time_ratio=time_ratio["median"],
                 time_ratio_spread=[time_ratio["min"], time_ratio["max"]],
-                peak_mib=statistics.median(r["peak_bytes"] for r in runs) / 2**20, peak_ratio=peak_ratio["median"],
+                peak_mib=statistics.median(r["peak_bytes"] for r in runs) / 2**20 if measured else None,
+                peak_ratio=peak_ratio["median"],
             ))
     for batch in batches:
         base = {r["round"]: r for r in decode if r["batch"] == batch and r["config"] == "sdpa"}
@@ -297,10 +300,10 @@ def _at_least_one(text: str) -> int:
 
 
 def _batches(text: str) -> list[int]:
-    values = [int(part) for part in text.split(",") if part.strip()]
-    if not values or min(values) < 1:
-        raise ValueError(f"batch sizes of at least 1, comma-separated, got {text!r}")
-    return values
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise ValueError(f"batch sizes of at least 1, comma-separated (no empty item), got {text!r}")
+    return [int(part) for part in parts]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--rounds", type=_shown(_at_least_one), default=3)
     parser.add_argument("--decode-length", type=_shown(_one_length), default=32768)
-    parser.add_argument("--decode-tokens", type=_shown(decode_tokens),
-                        default=32, help="greedy steps per round (0: no decode)")
+    parser.add_argument("--decode-tokens", type=_shown(decode_tokens), default=None,
+                        help="greedy steps per round (0: no decode; default 32, and 0 with --model t5)")
     parser.add_argument("--decode-batches", type=_shown(_batches), default=[1, 8])
     parser.add_argument("--profile", default=None, help="write the profiled kernel counts and times here (JSON)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -323,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device (scripts/bench_attention.py measures the CPU; --device cpu checks this script)")
+    if args.decode_tokens is None:
+        args.decode_tokens = 0 if args.model == "t5" else 32
     if args.model == "t5" and args.decode_tokens:
-        parser.error("--model t5 measures the prefill only: pass --decode-tokens 0")
+        parser.error("--model t5 measures the prefill only: leave --decode-tokens out, or pass 0")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         parser.error(f"{out} exists; pass --overwrite")
@@ -336,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype, rounds=args.rounds,
         model=("T5 of t5-small's shape, random weights; prefill: encoder over the length, "
                f"{T5_DECODER_TOKENS} decoder tokens" if args.model == "t5"
-               else f"SmolLM2-135M architecture ({args.layers} layers), random weights"),
+               else f"SmolLM2-135M architecture ({args.layers} layer{'s' if args.layers > 1 else ''}), random weights"),
     )
     if args.profile:  # (first: short, and what a later session needs most)
         Path(args.profile).write_text(json.dumps(record | _profile(model, args, configs, generator), indent=1) + "\n")

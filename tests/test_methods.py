@@ -26,7 +26,13 @@ from rope_ext.methods import (
 
 #: the frequency methods (the attention-rewrite ones are tested in test_attention.py)
 FREQUENCY_METHODS = [m for m in list_methods() if get_method_class(m).hook == "frequency"]
-from rope_ext.methods.frequency import FrequencyConfig, default_inv_freq, dynamic_scale, ntk_base
+from rope_ext.methods.frequency import (
+    DynamicFrequencyConfig,
+    FrequencyConfig,
+    default_inv_freq,
+    dynamic_scale,
+    ntk_base,
+)
 from rope_ext.methods.options import meaning_of, option, positive
 
 SPEC = RotarySpec(base=10000.0, dim=64, original_max_position_embeddings=2048)
@@ -500,13 +506,17 @@ def test_a_method_registered_without_a_summary_or_meanings_is_seen():
 
 def test_the_shared_options_declare_their_meaning_once_on_the_base():
     """``factor`` and ``L`` of the frequency methods, the window rules' ``w``: one declaration on the base class (PI's
-    ``L``, which it refuses, and LongRoPE's ``factor``, which sets its attention factor only, say so themselves)."""
+    ``L``, which it refuses, and LongRoPE's ``factor``, which sets its attention factor only, say so themselves; the
+    dynamic methods' ``factor`` once on their base)."""
     def meaning(cls, name):
         return meaning_of(next(f for f in dataclasses.fields(cls) if f.name == name))
 
     frequency = [get_method_class(m) for m in FREQUENCY_METHODS]
-    assert {meaning(cls, "factor") for cls in frequency if cls.method != "longrope"} == {
-        meaning(FrequencyConfig, "factor")}
+    static = [cls for cls in frequency if cls.method != "longrope" and not issubclass(cls, DynamicFrequencyConfig)]
+    assert {meaning(cls, "factor") for cls in static} == {meaning(FrequencyConfig, "factor")}
+    dynamic = [cls for cls in frequency if issubclass(cls, DynamicFrequencyConfig)]  # (how the factor follows l)
+    assert dynamic and {meaning(cls, "factor") for cls in dynamic} == {meaning(DynamicFrequencyConfig, "factor")}
+    assert "s*l/L - (s - 1)" in meaning(DynamicFrequencyConfig, "factor")
     assert "attention factor only" in meaning(get_method_class("longrope"), "factor")
     assert {meaning(cls, "original_max_position_embeddings") for cls in frequency if cls.method != "pi"} == {
         meaning(FrequencyConfig, "original_max_position_embeddings")}

@@ -418,6 +418,27 @@ def test_a_boolean_flag_false_switches_off_the_config_files_true(tmp_path):
     args = build_parser().parse_args(["finetune", "--config", str(file), "--pose", "false"])
     assert FinetuneConfig.from_sources(args.config, config_flags(args, FinetuneConfig)).pose is False
     assert FinetuneConfig.from_sources(file).pose is True
+    for text, value in (("'false'", False), ("'Yes'", True), ("'0'", False)):  # (quoted: read as the flag's text)
+        file.write_text(f"pose: {text}\nwindow: 64\ntarget_length: 128\n")
+        assert FinetuneConfig.from_sources(file).pose is value
+
+
+@pytest.mark.parametrize("argv", [["eval", "ppl", "--text-files", "{present},"], ["eval", "ppl", "--text-files",
+                                  "{present},,{present}"], ["finetune", "--lora-targets", "q_proj,"]])
+def test_an_empty_item_in_a_list_flag_is_refused(tmp_path, capsys, argv):
+    """As in ``--lengths``: ``a,`` and ``a,,b`` are refused, not read as ``a`` and ``a,b``."""
+    present = tmp_path / "present.txt"
+    present.write_text("words " * 50)
+    argv = [arg.format(present=present) for arg in argv]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert "(two commas in a row, or one at an end); give each name once" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given", ["YARN", "yarn:factor=4", " Yarn "])
+def test_methods_name_takes_any_case_and_a_whole_spec(capsys, given):
+    assert main(["methods", given]) == 0
+    assert capsys.readouterr().out.startswith("yarn (hook kind: frequency)")
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
             print(f"{name:{width}s}{cls.hook:{kind_width}s}{first_sentence(cls.summary)}")
         print("\n`rope-ext methods NAME`: a method's summary and its options: type, default and meaning")
         return 0
-    cls = get_method_class(args.name.strip())  # (unknown: ValueError naming the valid methods)
+    cls = get_method_class(_method_name(args.name))  # (unknown: ValueError naming the valid methods)
     print(f"{cls.method} (hook kind: {cls.hook})\n")
     print(textwrap.fill(plain(cls.summary) or "(no description)", WIDTH, break_on_hyphens=False) + "\n")
     fields = {field.name: field for field in dataclasses.fields(cls)}
@@ -56,6 +56,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
         if name == "factor" and hasattr(cls, "default_factor"):  # (frequency methods: required, or a default)
             kind, default = "float", cls.default_factor if cls.default_factor is not None else dataclasses.MISSING
         required = default is dataclasses.MISSING or name in cls.required_options or refuses_none(field, default)
+        if required and kind.endswith(" | None"):  # (None only stands for "not given", which is refused)
+            kind = kind[: -len(" | None")]
         rows.append((name, kind, "(required)" if required else repr(default), plain(meaning_of(field))))
     print("options (set in a spec as name:option=value):")
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
@@ -65,6 +67,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print(textwrap.fill(meaning or "(no description)", WIDTH, initial_indent=indent, subsequent_indent=indent,
                             break_on_hyphens=False))
     return 0
+
+
+def _method_name(given: str) -> str:
+    """The method ``given`` names: its options dropped (``yarn:factor=4``: yarn), any case (``YARN``)."""
+    name = given.strip().split(":", 1)[0].strip()
+    return name.lower() if name.lower() in list_methods() else name
 
 
 def refuses_none(field: dataclasses.Field, default: object) -> bool:

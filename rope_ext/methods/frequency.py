@@ -188,8 +188,7 @@ class FrequencyConfig(MethodConfig):
 
     factor: float | None = option(
         None, FREQUENCY_FACTOR,
-        meaning="``s``, how many times the original context ``L`` is extended (a static method's 1 is the identity; a "
-                "dynamic one scales by ``s*l/L - (s - 1)``, never below 1, at the current length ``l``)")
+        meaning="``s``, how many times the original context ``L`` is extended (1 is the identity)")
     original_max_position_embeddings: int | None = option(
         None, context_length(),
         meaning="``L``, the context the model was trained at; None: the model config's (its rope_parameters' or its "
@@ -226,6 +225,14 @@ class FrequencyConfig(MethodConfig):
         return None
 
 
+def dynamic_factor() -> Any:
+    """The ``factor`` option of a method whose frequencies follow the current length (declared on each such base)."""
+    return option(
+        None, FREQUENCY_FACTOR,
+        meaning="``s``: at the current length ``l`` the frequencies are scaled as a static method's by "
+                "``s*l/L - (s - 1)``, never below 1 (1, the default, follows ``l / L`` past ``L``)")
+
+
 @dataclass(frozen=True)
 class DynamicFrequencyConfig(FrequencyConfig):
     """Base of the methods whose frequencies follow the current length (``dynamic_ntk``, ``dynamic_yarn``).
@@ -239,6 +246,7 @@ class DynamicFrequencyConfig(FrequencyConfig):
     dynamic: ClassVar[bool] = True
     default_factor: ClassVar[float | None] = 1.0  # (factor 1 still scales past L: by l / L)
 
+    factor: float | None = dynamic_factor()
     cache_consistent: bool = option(
         False, flag(),
         meaning="True: keys are cached unrotated and every step rotates all of them with the current length's "

@@ -27,6 +27,7 @@ from rope_ext.methods.frequency import (
     beyond,
     by_parts_inv_freq,
     default_inv_freq,
+    dynamic_factor,
     dynamic_scale,
     yarn_mscale,
 )
@@ -160,6 +161,8 @@ class DynamicYarnConfig(ByPartsConfig, DynamicFrequencyConfig):
         "Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 section 3.3): ``yarn`` at a scale that follows the current "
         "length ``l``, ``s' = max(1, s*l/L - (s - 1))`` (``s = 1`` gives the paper's ``max(1, l/L)``)."
     )
+
+    factor: float | None = dynamic_factor()  # (the dynamic meaning: ByPartsConfig brings the static one)
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         default = default_inv_freq(spec.base, spec.dim, device)

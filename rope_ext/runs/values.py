@@ -64,11 +64,24 @@ def number(text: str) -> float:
 
 
 def name_list(text: str, empty: str = "give comma-separated names") -> list[str]:
-    """``"a, b,c"`` -> ``["a", "b", "c"]``; nothing named: ``ValueError(empty)``."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
+    """``"a, b,c"`` -> ``["a", "b", "c"]``; nothing named: ``ValueError(empty)``; an empty item between names (``a,,b``,
+    ``a,``) is refused, as in ``--lengths``."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
         raise ValueError(empty)
-    return names
+    if not all(parts):
+        raise ValueError(f"an empty name in {text!r} (two commas in a row, or one at an end); give each name once")
+    return parts
+
+
+def boolean(text: str) -> bool:
+    """A yes/no text as transformers' ``HfArgumentParser`` reads one (``true``, ``yes``, ``1``...; any case)."""
+    lowered = text.strip().lower()
+    if lowered in ("yes", "true", "t", "y", "1"):
+        return True
+    if lowered in ("no", "false", "f", "n", "0"):
+        return False
+    raise ValueError(f"give true or false, got {text!r}")
 
 
 def nonempty(text: str) -> str:
@@ -79,7 +92,7 @@ def nonempty(text: str) -> str:
 
 
 #: how a text becomes a value of each kind (a flag's text, or a string where a YAML file gives one)
-PARSERS = {"int": integer, "float": number, "list": name_list, "str": nonempty}
+PARSERS = {"int": integer, "float": number, "list": name_list, "str": nonempty, "bool": boolean}
 
 
 def field_kinds(cls: type) -> dict[str, tuple[str, bool]]:

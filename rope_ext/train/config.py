@@ -384,7 +384,7 @@ def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
             raise ValueError(f"--config {path}: unknown option {key!r}; options: {', '.join(sorted(names))}")
         kind = kinds[name][0]
         try:  # (lengths as the evaluation writes them: 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names
-            if kind in ("list", "int", "float") and isinstance(value, str):  # comma-separated; methods as --methods)
+            if kind in ("list", "int", "float", "bool") and isinstance(value, str):  # comma-separated; quoted 'no')
                 value = parse_text(kind, value)
             elif name == "methods" and isinstance(value, list):
                 value = listed_spec(value)
