@@ -177,6 +177,24 @@ def _max_distance(a, b) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
+def _exact_fast_and_in_dtype(model, ids, method, options, dtype, ops, check):
+    """The logits of ``model`` patched with ``method``: exact (the plain reference on a float64 copy), the fast path
+    in ``dtype`` (``check()`` then sees which ops it took), the reference in ``dtype``; then unpatched in ``dtype``."""
+    with rope_ext.patched(model, method, **(options or {})), torch.no_grad():
+        model.double()
+        with reference():
+            exact = model(input_ids=ids).logits
+        model.to(dtype)
+        with ops.fast():
+            fast = model(input_ids=ids).logits
+        check()
+        with reference():
+            in_dtype = model(input_ids=ids).logits
+    with torch.no_grad():
+        unpatched = model(input_ids=ids).logits
+    return fast, exact, in_dtype, unpatched
+
+
 def _within_twice_the_reference(fast, exact, in_dtype, unpatched, dtype, record_property=None) -> None:
     """``fast`` within twice the distance of the reference run in ``dtype`` (``in_dtype``) from the ``exact``
     logits, a bound the ``unpatched`` model lies beyond; the distances recorded when ``record_property`` is given."""
@@ -202,19 +220,8 @@ def test_fast_path_matches_reference_on_cuda(family, method, options, dtype, mon
     ids = input_ids(3 * L + 7, batch=2).to(CUDA)
     monkeypatch.setattr(kernels, "TILE", 16)
     ops = _Ops(monkeypatch)
-    with rope_ext.patched(model, method, **(options or {})), torch.no_grad():
-        model.double()
-        with reference():
-            exact = model(input_ids=ids).logits
-        model.to(dtype)
-        with ops.fast():
-            fast = model(input_ids=ids).logits
-        ops.check(dtype)
-        with reference():
-            in_dtype = model(input_ids=ids).logits
-    with torch.no_grad():
-        unpatched = model(input_ids=ids).logits
-    _within_twice_the_reference(fast, exact, in_dtype, unpatched, dtype)
+    runs = _exact_fast_and_in_dtype(model, ids, method, options, dtype, ops, lambda: ops.check(dtype))
+    _within_twice_the_reference(*runs, dtype)
 
 
 #: the additive biases on a RoPE model (in place of its rotation)
@@ -245,21 +252,14 @@ def test_biases_on_cuda_match_float64(method, options, dtype, small_bias_blocks,
     model = _sharpened(tiny_model("llama"), "llama").to(CUDA)
     ids = input_ids(3 * L + 7, batch=2).to(CUDA)
     ops = _Ops(monkeypatch)
-    with rope_ext.patched(model, method, **options), torch.no_grad():
-        model.double()
-        with reference():
-            exact = model(input_ids=ids).logits
-        model.to(dtype)
-        with ops.fast():
-            fast = model(input_ids=ids).logits
+
+    def check() -> None:
         ops.check(dtype, biased=True)
         if ON_CUDA:  # (the biases of the distance alone on the fused call, compiled; FIRE's on the efficient op)
             assert (ops.counts.get("distance_biased", 0) > 0) == (method != "fire"), ops.counts
-        with reference():
-            in_dtype = model(input_ids=ids).logits
-    with torch.no_grad():
-        unpatched = model(input_ids=ids).logits
-    _within_twice_the_reference(fast, exact, in_dtype, unpatched, dtype, record_property)
+
+    runs = _exact_fast_and_in_dtype(model, ids, method, options, dtype, ops, check)
+    _within_twice_the_reference(*runs, dtype, record_property)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
