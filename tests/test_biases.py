@@ -448,12 +448,12 @@ def test_xpos_cached_generation_equals_the_full_forward():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("alibi:factor=0.5", r"alibi: factor must be >= 1 and <= 1e6 \(.*\), got 0.5; a factor below 1 would steepen"),
+        ("alibi:factor=0.5", r"alibi: factor must be a number >= 1 and <= 1e6 \(.*\), got 0.5; a factor below 1 would steepen"),
         ("alibi:slopes=[0.5,-0.1]", r"alibi: every slope must be a finite number in \(0.0, inf\)"),
         ("kerple:form=cubic", "kerple: form must be one of log, power"),
         ("fire:width=0", "fire: width must be an int >= 1"),
         ("sandwich:dim=7", "sandwich: dim must be an even int >= 2"),
-        ("abs_interp:factor=0.5", "abs_interp: factor must be >= 1"),
+        ("abs_interp:factor=0.5", "abs_interp: factor must be a number >= 1"),
         ("abs_hierarchical:alpha=1", r"abs_hierarchical: alpha must be a number in \(0, 1\)"),
         ("sinusoidal:scale=-1", "sinusoidal: scale must be a finite number > 0"),
         ("xpos:gamma=0", "xpos: gamma must be a finite number > 0"),

@@ -262,14 +262,23 @@ def test_methods_lists_hook_kinds_and_meanings(capsys):
     from rope_ext.methods import get_method_class
 
     assert main(["methods"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    for name in rope_ext.list_methods():
-        (line,) = [line for line in lines if line.split()[:1] == [name]]
+    out = capsys.readouterr().out.split("\n\n")[0]
+    assert max(len(line) for line in out.splitlines()) <= 120  # (wrapped under the summary's column)
+    entries: dict[str, str] = {}
+    for line in out.splitlines():  # (a method's line, then its summary's continuation lines, indented)
+        if line[:1].strip():
+            name = line.split()[0]
+            entries[name] = line
+        else:
+            entries[name] += " " + line.strip()
+    assert list(entries) == rope_ext.list_methods()
+    lines = list(entries.values())
+    for name, line in entries.items():
         assert line.split()[1] == get_method_class(name).hook and len(line.split()) > 3  # a meaning follows
         assert "(no description)" not in line, f"rope-ext methods prints no description for {name}: {line}"
     assert any(re.match(r"dca +position_rule +Dual Chunk Attention", line) for line in lines)
     assert any(re.match(r"pi +frequency +Position Interpolation", line) for line in lines)  # (its declared summary)
-    (yarn,) = [line for line in lines if line.startswith("yarn ")]  # (the summary's first sentence)
+    yarn = entries["yarn"]  # (the summary's first sentence)
     assert yarn.endswith("(or DeepSeek's mscale / mscale_all_dim ratio).") and "Saved as" not in yarn
 
 

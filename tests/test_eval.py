@@ -205,7 +205,7 @@ def test_method_specs_take_json_values_and_combinations():
     assert longrope.long_factor == (1.0, 1.5, 2.0)
     with pytest.raises(ValueError, match=r"'yarn' and 'pi' are both 'frequency' methods"):  # one per hook kind
         parse_method_spec("yarn:factor=4+pi:factor=2")
-    with pytest.raises(ValueError, match=r"factor must be >= 1 and <= 1e6 \(.*\), got 'abc'"):  # not JSON: a string
+    with pytest.raises(ValueError, match=r"factor must be a number >= 1 and <= 1e6 \(.*\), got 'abc'"):  # not JSON: a string
         parse_method_spec("yarn:factor=abc")
     longrope = "longrope:factor=2:long_factor=[1,1.5]:short_factor=[1,1]"
     methods = parse_methods(f"none, {longrope},ntk:factor=2")

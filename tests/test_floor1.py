@@ -80,7 +80,7 @@ def test_factor_zero_and_below_one_and_above_the_bound_give_one_message(method):
     ranges = {text.split(", got ")[0] for text in messages.values()}
     assert len(ranges) == 1, ranges
     (stated,) = ranges
-    assert stated.startswith(f"{method}: factor must be >= 1 and <= 1e6 (") and stated.endswith("1 is the identity)")
+    assert stated.startswith(f"{method}: factor must be a number >= 1 and <= 1e6 (") and stated.endswith("1 is the identity)")
     assert messages[0].endswith("got 0; " + messages[0.5].split("got 0.5; ")[1])  # (what a factor below 1 would do)
     assert messages[1e30].endswith("got 1e+30")
     assert make_config(method, **_valid(get_method_class(method), factor=MAX_FACTOR)).factor == MAX_FACTOR

@@ -282,7 +282,7 @@ def test_dynamic_methods_compile_into_one_graph(method):
 
 @pytest.mark.parametrize("method", [m for m in list_methods() if get_method_class(m).hook == "frequency"])
 def test_factor_below_one_is_refused(method):
-    with pytest.raises(ValueError, match=rf"{method}: factor must be >= 1 .*got 0.5; a factor below 1 would shrink"):
+    with pytest.raises(ValueError, match=rf"{method}: factor must be a number >= 1 .*got 0.5; a factor below 1 would shrink"):
         make_config(method, **options_for(method, factor=0.5))
 
 
@@ -513,7 +513,7 @@ def test_casting_before_or_after_patching_gives_the_same_model(method):
     assert torch.equal(logits(cast_first, ids), logits(patch_first, ids))
 
 
-FACTOR_RANGE = r"factor must be >= 1 and <= 1e6"
+FACTOR_RANGE = r"factor must be a number >= 1 and <= 1e6"
 OVERFLOW = r"these options give non-finite or zero rotary frequencies"
 
 

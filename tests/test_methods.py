@@ -253,7 +253,7 @@ def test_config_round_trips_through_dict(method):
 @pytest.mark.parametrize("method", FREQUENCY_METHODS)
 @pytest.mark.parametrize("factor", [0, -1.0, float("nan"), float("inf")])
 def test_bad_factor_is_rejected_with_valid_range(method, factor):
-    with pytest.raises(ValueError, match=r"factor must be >= 1 and <= 1e6 \(the context is extended factor times"):
+    with pytest.raises(ValueError, match=r"factor must be a number >= 1 and <= 1e6 \(the context is extended factor times"):
         config_for(method, factor)
 
 
@@ -301,7 +301,7 @@ def test_bad_original_context_length():
     [
         ("yarn", {}, "yarn: factor is required (the context is extended factor times, e.g. yarn:factor=4 for 4x; "
                      "factor 1 is the identity)"),
-        ("pi", {"factor": 0.5}, "pi: factor must be >= 1 and <= 1e6 (the context is extended factor times; 1 is the "
+        ("pi", {"factor": 0.5}, "pi: factor must be a number >= 1 and <= 1e6 (the context is extended factor times; 1 is the "
                                 "identity), got 0.5; a factor below 1 would shrink the context"),
         ("pi", {"factor": 2.0, "original_max_position_embeddings": 32},
          "pi: original_max_position_embeddings has no effect (PI divides every position by factor, whatever the "
@@ -342,7 +342,7 @@ def test_bad_original_context_length():
         ("longrope", {"factor": 2.0, "long_factor": [1.0, 0.0]}, "longrope: every long_factor entry must be a finite number > 0, got 0.0"),
         ("longrope", {"factor": 2.0, "long_factor": [1.0], "attention_factor": -1}, "longrope: attention_factor must be a finite number > 0, got -1"),
         ("dynamic_ntk", {"factor": 2.0, "cache_consistent": "yes"}, "dynamic_ntk: cache_consistent must be True or False, got 'yes'"),
-        ("yarn", {"factor": 0}, "yarn: factor must be >= 1 and <= 1e6 (the context is extended factor times; 1 is the "
+        ("yarn", {"factor": 0}, "yarn: factor must be a number >= 1 and <= 1e6 (the context is extended factor times; 1 is the "
                                 "identity), got 0; a factor below 1 would shrink the context"),
         ("yarn", {"factor": 2.0, "original_max_position_embeddings": 1}, "yarn: original_max_position_embeddings must be an int >= 2, got 1"),
     ],

@@ -256,9 +256,9 @@ def _assert_untouched(model, ids, before):
     ("method", "options", "message"),
     [
         ("yarnn", {"factor": 2.0}, r"unknown method 'yarnn'; valid methods: abs_hierarchical, abs_interp, alibi, dca, deberta_bucket_scale, deberta_bucket_stretch, dynamic_ntk, dynamic_yarn, fire, kerple, leaky_rerope, llama3"),
-        ("yarn", {"factor": 0.0}, r"yarn: factor must be >= 1 and <= 1e6 \(.*\), got 0.0; a factor below 1 would"),
-        ("pi", {"factor": float("nan")}, r"pi: factor must be >= 1 and <= 1e6 \(.*\), got nan"),
-        ("ntk", {"factor": -2}, r"ntk: factor must be >= 1 and <= 1e6 \(.*\), got -2; a factor below 1 would"),
+        ("yarn", {"factor": 0.0}, r"yarn: factor must be a number >= 1 and <= 1e6 \(.*\), got 0.0; a factor below 1 would"),
+        ("pi", {"factor": float("nan")}, r"pi: factor must be a number >= 1 and <= 1e6 \(.*\), got nan"),
+        ("ntk", {"factor": -2}, r"ntk: factor must be a number >= 1 and <= 1e6 \(.*\), got -2; a factor below 1 would"),
         ("yarn", {"factor": 2.0, "beta_fast": 1, "beta_slow": 32}, r"beta_fast must be > beta_slow"),
         ("longrope", {"factor": 2.0, "long_factor": [1.0] * 3}, r"long_factor has 3 entries.*exactly 8"),
         ("yarn", {"factor": 2.0, "scale": 3}, r"unknown option\(s\) scale; valid options: factor"),

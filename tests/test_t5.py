@@ -246,7 +246,7 @@ def test_a_grown_table_trains_saves_and_reloads(tmp_path):
         ("alibi+t5_bucket_scale:factor=2", r"alibi cannot be combined with t5_bucket_scale \('bucket' methods: "
                                            r"t5_bucket_extend, t5_bucket_scale\): alibi replaces the model's position "
                                            r"encoding.*combines with nothing on this model$"),
-        ("t5_bucket_scale:factor=0.5", r"t5_bucket_scale: factor must be >= 1"),
+        ("t5_bucket_scale:factor=0.5", r"t5_bucket_scale: factor must be a number >= 1"),
         ("t5_bucket_extend:num_buckets=64",
          r"t5_bucket_extend: unknown option\(s\) num_buckets; valid options: factor$"),
     ],
@@ -344,7 +344,7 @@ def test_a_reloaded_table_unpatches_without_discarding_and_a_failed_exit_keeps_t
 def test_a_factor_beyond_int64_is_refused_and_the_largest_runs_as_a_float():
     model = tiny_t5()
     encoder_ids, decoder_ids = ids(100), ids(10, seed=2)
-    with pytest.raises(ValueError, match=r"t5_bucket_scale: factor must be >= 1 and <= 1e6 .*got 1180591620717411303424$"):
+    with pytest.raises(ValueError, match=r"t5_bucket_scale: factor must be a number >= 1 and <= 1e6 .*got 1180591620717411303424$"):
         rope_ext.patch(model, "t5_bucket_scale", factor=2**70)
     assert rope_ext.get_patch(model) is None
     with rope_ext.patched(model, "t5_bucket_scale", factor=10**6):  # (an int) every distance in bucket 0

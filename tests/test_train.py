@@ -94,7 +94,7 @@ def test_evaluation_as_saved_keeps_the_trained_parameters(texts, tmp_path, capsy
         (["--methods", "yarn:factor=4"], "--methods yarn:factor=4 on --architecture gpt2: method 'yarn' needs a "
                                          "'frequency' hook, which family 'gpt2' does not support"),
         (["--methods", "saved"], "unknown method 'saved'"),
-        (["--methods", "alibi:factor=0.5"], "alibi: factor must be >= 1 and <= 1e6"),
+        (["--methods", "alibi:factor=0.5"], "alibi: factor must be a number >= 1 and <= 1e6"),
         (["--dropout", "1"], r"--dropout: must be in \[0, 1\), got 1.0"),
         (["--layers", "0"], "--layers: must be an integer >= 1, got 0"),
         (["--rope-theta", "500"], "--rope-theta: only for --architecture llama"),

@@ -109,7 +109,7 @@ def test_bad_clamp_lengths_are_refused(value):
     [
         ("yarn:factor=2", r"family 'xlnet' does not support; methods for xlnet: xlnet_clamp, xlnet_interp"),
         ("t5_bucket_scale:factor=2", r"needs a 'bucket' hook, which family 'xlnet' does not support"),
-        ("xlnet_interp:factor=0.5", r"xlnet_interp: factor must be >= 1"),
+        ("xlnet_interp:factor=0.5", r"xlnet_interp: factor must be a number >= 1"),
         ("xlnet_interp:factor=2+xlnet_clamp:clamp_len=8", r"are both 'distance' methods"),
     ],
 )

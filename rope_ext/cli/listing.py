@@ -34,9 +34,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
         names = list_methods()
         width = max(len(name) for name in names) + 2
         kind_width = max(len(get_method_class(name).hook) for name in names) + 2
+        hanging = " " * (width + kind_width)
         for name in names:
             cls = get_method_class(name)
-            print(f"{name:{width}s}{cls.hook:{kind_width}s}{first_sentence(cls.summary)}")
+            print(textwrap.fill(first_sentence(cls.summary), WIDTH + len(hanging) // 2, break_on_hyphens=False,
+                                initial_indent=f"{name:{width}s}{cls.hook:{kind_width}s}", subsequent_indent=hanging))
         print("\n`rope-ext methods NAME`: a method's summary and its options: type, default and meaning")
         return 0
     cls = get_method_class(_method_name(args.name))  # (unknown: ValueError naming the valid methods)

@@ -33,7 +33,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def print_run(record: dict) -> None:
-    print(f"\n{record['steps']} steps in {record['train_seconds']:.0f} s; final loss {record['final_loss']:.4f}")
+    steps = f"{record['steps']} step{'' if record['steps'] == 1 else 's'}"
+    print(f"\n{steps} in {record['train_seconds']:.0f} s; final loss {record['final_loss']:.4f}")
     for row in record["evals"]:
         print(f"step {row['step']}: perplexity {row['perplexity']:.3f} ({row['document']}, last {row['target_tokens']} "
               f"of {row['length']} tokens)")

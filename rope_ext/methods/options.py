@@ -179,7 +179,7 @@ def factor_range(meaning: str, below: str, *, required: bool = True) -> FactorCh
     """``factor``, ``1 .. MAX_FACTOR``: ``meaning`` says what it scales, ``below`` what a factor below 1 would do;
     ``required``: ``None`` is refused as not given."""
     return FactorCheck(
-        f">= 1 and <= {_limit(MAX_FACTOR)}",
+        f"a number >= 1 and <= {_limit(MAX_FACTOR)}",
         lambda v: _number(v) and 1 <= v <= MAX_FACTOR,
         required=f" ({meaning}, e.g. {{method}}:factor=4 for 4x; factor 1 is the identity)" if required else "",
         hint=f"{meaning}; 1 is the identity",
