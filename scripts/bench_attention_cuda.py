@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from bench_common import T5_DECODER_TOKENS, T5_SHAPE, decode_tokens, spec_list  # (this folder is sys.path[0])
 
-from rope_ext.runs.values import parse_lengths
+from rope_ext.runs.values import comma_items, parse_lengths
 
 #: the default model's architecture (SmolLM2-135M)
 DEFAULT_SHAPE = dict(
@@ -300,9 +300,9 @@ def _at_least_one(text: str) -> int:
 
 
 def _batches(text: str) -> list[int]:
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() and int(part) >= 1 for part in parts):
-        raise ValueError(f"batch sizes of at least 1, comma-separated (no empty item), got {text!r}")
+    parts = comma_items(text, "batch size")
+    if not parts or not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise ValueError(f"batch sizes of at least 1, comma-separated, got {text!r}")
     return [int(part) for part in parts]
 
 

@@ -35,8 +35,11 @@ KERNEL_OPTIONS: dict | None = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "n
 
 def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the fused call runs here: CUDA, no gradients, one head size (a power of two, 16 to 256) for queries,
-    keys and values, half or single precision, and torch's flex attention importable with Triton."""
-    if q.device.type != "cuda" or torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    keys and values, half or single precision, torch's flex attention importable with Triton, and no compile of it
+    failed in this process."""
+    if COMPILE_FAILED or q.device.type != "cuda":
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
     d = q.shape[-1]
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
@@ -92,11 +95,9 @@ def distance_table(bias, m: int, device: torch.device, heads: int) -> torch.Tens
 def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, table: torch.Tensor):
     """Causal attention of ``q [b, h, n, d]`` (the last ``n`` of the ``m`` keys) over ``k, v [b, hk, m, d]`` (GQA
     heads as they are) with ``table[h, i - j]`` added to each scaled score -> ``[b, h, n, d]`` in ``q``'s dtype;
-    ``None`` where the compiled call fails here (then never tried again in this process: the caller's blockwise path
-    runs, after one warning)."""
+    ``None`` where the compiled call fails here (then ``available`` is false for the rest of the process: the
+    caller's blockwise path runs, after one warning)."""
     global COMPILE_FAILED
-    if COMPILE_FAILED:
-        return None
     block_mask, offset = _causal_mask(q.shape[2], k.shape[2], q.device)
 
     def score_mod(score, b, h, q_idx, kv_idx):  # (pairs the mask drops are read at distance 0: never outside)

@@ -19,8 +19,9 @@ class Accumulator:
     overwrite that result: pass tensors the caller no longer needs).
 
     A first result over every query is kept as it came, in the call's dtype (the flash ops return half precision
-    outputs): a single call then costs no copy, and the first merge reads it into float32 while scaling it (one pass
-    instead of a conversion, a copy and a scaling). Merged outputs are float32 (float64 for float64 calls)."""
+    outputs): a single call then costs no copy, and a first merge over every query reads it into float32 while
+    scaling it (one pass instead of a conversion, a copy and a scaling; a merge over some queries converts it
+    first). Merged outputs are float32 (float64 for float64 calls)."""
 
     def __init__(self, q: torch.Tensor, value_dim: int, dropout: float = 0.0) -> None:
         self.dtype = dispatch.accumulation_dtype(q.dtype)
@@ -87,15 +88,11 @@ class Accumulator:
             merged = self._out[:, :, start:stop] * keep[..., None] + out * take[..., None]
             self._out, self._lse = self._out.to(self.dtype, copy=True), self._lse.clone()  # (autograd keeps the old)
             self._out[:, :, start:stop] = merged
-        elif self._out.dtype != self.dtype:  # a first result kept as it came: read into float32 while scaled
-            if (start, stop) == (0, self.shape[2]):
-                self._out = (self._out * keep[..., None]).addcmul_(out, take[..., None])
-            else:
-                scale = torch.ones(self.shape[:-1], dtype=self.dtype, device=self.device)
-                scale[:, :, start:stop] = keep
-                self._out = self._out * scale[..., None]
-                self._out[:, :, start:stop].addcmul_(out, take[..., None])
-        else:  # in place: no temporaries the size of the output
+        elif self._out.dtype != self.dtype and (start, stop) == (0, self.shape[2]):  # (read into float32 as scaled)
+            self._out = (self._out * keep[..., None]).addcmul_(out, take[..., None])
+        else:  # in place: no temporaries the size of the output (a first result kept as it came read into float32)
+            if self._out.dtype != self.dtype:
+                self._out = self._out.to(self.dtype)
             self._out[:, :, start:stop].mul_(keep[..., None]).addcmul_(out, take[..., None])
         self._lse[:, :, start:stop] = new_lse
 

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from rope_ext.runs.folder import writable_folder
 from rope_ext.runs.specs import parse_methods
-from rope_ext.runs.values import PARSERS, field_kinds, name_list, nonempty, parse_length, parse_lengths
+from rope_ext.runs.values import PARSERS, comma_items, field_kinds, name_list, nonempty, parse_length, parse_lengths
 from rope_ext.train.config import MAX_THREADS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -24,10 +24,7 @@ MAX_TRIALS = 10_000  # keys per cell: more is a typo, not a run
 
 def parse_depths(text: str) -> list[float]:
     depths = set()
-    parts = [p.strip() for p in text.split(",")]
-    if any(parts) and not all(parts):
-        raise ValueError(f"an empty depth in {text!r} (two commas in a row, or one at an end); give each depth once")
-    for part in filter(None, parts):
+    for part in comma_items(text, "depth"):
         try:
             depth = float(part)
         except ValueError:

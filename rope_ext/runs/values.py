@@ -30,13 +30,22 @@ def parse_length(text: str) -> int:
     return value
 
 
-def parse_lengths(text: str) -> list[int]:
-    """``"4k,8k"`` -> ``[4096, 8192]`` (sorted, once each)."""
+def comma_items(text: str, item: str) -> list[str]:
+    """``text`` split at its commas, each item stripped (``[]`` when nothing is given); an empty item among others
+    (``a,,b``, ``a,``) is refused, naming what an ``item`` is."""
     parts = [part.strip() for part in text.split(",")]
     if not any(parts):
-        raise ValueError("give at least one length")
+        return []
     if not all(parts):
-        raise ValueError(f"an empty length in {text!r} (two commas in a row, or one at an end); give each length once")
+        raise ValueError(f"an empty {item} in {text!r} (two commas in a row, or one at an end); give each {item} once")
+    return parts
+
+
+def parse_lengths(text: str) -> list[int]:
+    """``"4k,8k"`` -> ``[4096, 8192]`` (sorted, once each)."""
+    parts = comma_items(text, "length")
+    if not parts:
+        raise ValueError("give at least one length")
     return sorted({parse_length(part) for part in parts})
 
 
@@ -66,12 +75,10 @@ def number(text: str) -> float:
 def name_list(text: str, empty: str = "give comma-separated names") -> list[str]:
     """``"a, b,c"`` -> ``["a", "b", "c"]``; nothing named: ``ValueError(empty)``; an empty item between names (``a,,b``,
     ``a,``) is refused, as in ``--lengths``."""
-    parts = [part.strip() for part in text.split(",")]
-    if not any(parts):
+    names = comma_items(text, "name")
+    if not names:
         raise ValueError(empty)
-    if not all(parts):
-        raise ValueError(f"an empty name in {text!r} (two commas in a row, or one at an end); give each name once")
-    return parts
+    return names
 
 
 def boolean(text: str) -> bool:
