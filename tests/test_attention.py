@@ -133,6 +133,32 @@ def test_region_covers_exactly_its_pairs(grad, windowed):
         assert torch.isneginf(acc.lse[0, :, 3:][:, empty]).all() and torch.isfinite(acc.lse[0, :, 3:][:, ~empty]).all()
 
 
+def test_half_precision_results_merge_as_one_softmax():
+    """The flash op returns a bf16 call's output in bf16: the accumulator keeps a first result over every query as it
+    came and reads it into float32 as it merges, over every query and over some of them. Three disjoint key sets, the
+    scores of each on another scale (so the merge weights differ), against one float64 softmax over all the keys."""
+    from rope_ext.attention import dispatch
+
+    torch.manual_seed(0)
+    n = 40
+    q = torch.randn(1, 4, n, 16).bfloat16()
+    keys = [torch.randn(1, 2, 30, 16) * scale for scale in (0.5, 2.0, 1.0)]
+    values = [torch.randn(1, 2, 30, 16) for _ in keys]
+    k, v = torch.cat(keys, 2).bfloat16(), torch.cat(values, 2).bfloat16()
+    acc = kernels.Accumulator(q, 16)
+    for index, (start, first) in enumerate([(0, 0), (0, 30), (25, 60)]):  # (every query twice, then some)
+        out, lse = dispatch.lse_attention(q[:, :, start:], k[:, :, first : first + 30], v[:, :, first : first + 30], 0.25)
+        assert out.dtype == torch.bfloat16 or index  # (the first is kept as the op returned it)
+        acc.add(start, n, out, lse)
+    seen = torch.ones(n, 90, dtype=torch.bool)
+    seen[:25, 60:] = False  # (the third set reaches only the queries from 25 on)
+    kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    scores = (q.double() @ kk.transpose(-1, -2) * 0.25).masked_fill(~seen, float("-inf"))
+    expected = torch.softmax(scores, -1) @ vv
+    assert acc.out.dtype == torch.float32
+    torch.testing.assert_close(acc.out.double(), expected, rtol=0, atol=1e-2)
+
+
 @pytest.mark.parametrize("bias_form", [None, "full", "one head", "key only"])
 def test_recorded_calls_give_the_gradients_of_one_masked_softmax(bias_form):
     """A training step's accumulator (``Recorder``: the calls run without autograd, one backward from the merged
