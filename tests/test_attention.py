@@ -949,7 +949,7 @@ def test_gemma3_sliding_layers_are_left_alone_by_default():
         ("string", {"S": 1}, "S must be an int >= 2"),
         ("dca", {"chunk_size": 100}, "exceeds the original context"),
         ("dca", {"local_window": 48}, "local_window=48 must be below chunk_size"),
-        ("dca", {"mscale": "yes"}, "mscale must be True or False"),
+        ("dca", {"scale_queries": "yes"}, "scale_queries must be True or False"),
         ("dynamic_ntk", {"factor": 2, "cache_consistent": 1}, "cache_consistent must be True or False"),
         ("rerope", {"window": 8}, "unknown option"),
     ],
@@ -1020,14 +1020,16 @@ def test_patch_takes_method_specs_as_the_cli_writes_them():
             dca = rope_ext.get_patch(model)
             dca = dca[0] if isinstance(dca, tuple) else dca
             assert dca.original_max_position_embeddings == 32
-            i = torch.arange(100.0)  # mscale counts from the stated L
+            i = torch.arange(100.0)  # the query scaling counts from the stated L
             expected = rope_ext.methods.DualChunkConfig().query_scale(i, 32)
             for term in terms:
                 assert torch.equal(term.config.query_scale(i, term.original), expected)
     for spec, options, message in [
         ("dca:local_window=4", {"local_window": 5}, "local_window given both"),
-        ("yarn:factor=4+dca", {"mscale": 1.0}, r"mscale is ambiguous: an option of several of the methods combined "
-                                               r"\(yarn: factor, .*; dca: chunk_size, local_window, mscale, original_max_position_embeddings\)"),
+        ("yarn:factor=4+alibi", {"factor": 2.0}, r"factor is ambiguous: an option of several of the methods combined "
+                                                  r"\(yarn: factor, .*; alibi: .*factor"),
+        # (DCA's switch was `mscale` before 0.2: the keyword now goes to YaRN alone, which needs its pair)
+        ("yarn:factor=4+dca", {"mscale": 1.0}, "yarn: set both mscale and mscale_all_dim, or neither"),
         ("yarn:factor=4+dca", {"nosuch": 1}, "nosuch is an option of none of the methods combined"),
         ("dca+yarn:factor=4", {"factor": 2}, "factor given both"),
         ([{"method": "yarn", "factor": 2}, "dca"], {"factor": 4}, "factor given both"),

@@ -153,8 +153,8 @@ def test_paths_spelled_differently_are_the_same_configuration(tmp_path, tiny_che
     capsys.readouterr()
     # a refusal shows the folder's value and this run's of each difference
     assert _ppl(checkpoint, "run", "--text-files", "doc.txt", "--protocol", "curve") == 2
-    assert ("differs in: protocol: 'fixed' before, 'curve' now; target_tokens: 16 before, None now); pass "
-            "--overwrite") in capsys.readouterr().err
+    assert ("differs in: protocol: 'fixed' before, 'curve' now; target_tokens: 16 before, None now); re-run with its "
+            "options to resume") in capsys.readouterr().err
 
 
 def test_fixed_protocol_lengths_are_added_alone_up_to_the_longest(tmp_path, tiny_checkpoint, capsys):
@@ -172,7 +172,7 @@ def test_fixed_protocol_lengths_are_added_alone_up_to_the_longest(tmp_path, tiny
     assert ("whose targets --lengths 256 would move: the fixed protocol scores the last 16 tokens before the longest "
             "length, and the folder's is 128. Lengths can be added only where they leave the targets as they were: "
             "here above --target-tokens 16 and up to 128") in err
-    assert "pass --overwrite to replace them, or choose another --out" in err
+    assert "; give another --out, or pass --overwrite to replace them" in err
     assert _ppl(checkpoint, out, "--overwrite", lengths="64,256", text=text) == 0
     assert _spans(out) == {("none", 64, 240, 256), ("none", 256, 240, 256)}
 

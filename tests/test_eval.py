@@ -117,7 +117,8 @@ def test_resumed_runs_keep_their_targets_or_are_refused(document, tmp_path):
     before = records_path.read_text()
     for lengths in ([64, 128], [64, 128, 256 - 8]):
         with pytest.raises(ValueError, match=r"results that score other positions than this run: none / 'doc' at "
-                           r"length 64 scored \[240, 256\), this run scores \[\d+, \d+\); pass --overwrite"):
+                           r"length 64 scored \[240, 256\), this run scores \[\d+, \d+\); give another --out, or "
+                           r"pass --overwrite"):
             run_perplexity(model, [document], methods, lengths, ResultStore(tmp_path, "ppl", {}), **kwargs)
     assert records_path.read_text() == before
     store = ResultStore(tmp_path, "ppl", {}, overwrite=True)
@@ -411,8 +412,9 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
 
     # another configuration is refused, then replaced with --overwrite
     assert _cli(tmp_path, checkpoint, text, "--protocol", "curve") == 2
-    assert ("different configuration (differs in: protocol: 'fixed' before, 'curve' now; target_tokens: 16 before, "
-            "None now); pass --overwrite") in capsys.readouterr().err
+    assert ("holds ppl results of another configuration (differs in: protocol: 'fixed' before, 'curve' now; "
+            "target_tokens: 16 before, None now); re-run with its options to resume, give another --out, or pass "
+            "--overwrite to replace them") in capsys.readouterr().err
     assert _cli(tmp_path, checkpoint, text, "--protocol", "curve", "--overwrite", "--no-plot") == 0
     assert json.loads((run / "ppl.json").read_text())["run"]["protocol"] == "curve"
 

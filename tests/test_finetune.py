@@ -382,11 +382,15 @@ def test_missing_data_and_unreadable_config_are_refused(checkpoint, tmp_path, ca
 def test_a_folder_of_another_configuration_is_refused(checkpoint, tmp_path, capsys):
     finetune(_config(checkpoint, tmp_path / "run", max_steps=2))
     finetune(_config(checkpoint, tmp_path / "run", max_steps=2, methods="yarn:factor=4.0"))  # (the same run: complete)
-    with pytest.raises(ValueError,
-                       match=r"holds a run of another configuration \(differs in: methods: 'yarn:factor=4' before"):
+    with pytest.raises(ValueError, match=r"holds a rope-ext finetune run of another configuration \(differs in: "
+                                         r"methods: 'yarn:factor=4' before"):
         finetune(_config(checkpoint, tmp_path / "run", max_steps=2, methods="yarn:factor=4.5"))
-    with pytest.raises(ValueError, match=r"holds a run of another configuration \(differs in: lora_r: 8 before, 4 now\)"):
+    with pytest.raises(ValueError) as refused:
         finetune(_config(checkpoint, tmp_path / "run", max_steps=2, lora_r=4))
+    # (an evaluation's folder is refused by the same class, in the same words: tests/test_eval.py)
+    assert str(refused.value) == (
+        f"--out {tmp_path / 'run'} holds a rope-ext finetune run of another configuration (differs in: lora_r: 8 "
+        "before, 4 now); re-run with its options to resume, give another --out, or pass --overwrite to replace them")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"holds other files \(not a rope-ext finetune run\)"):

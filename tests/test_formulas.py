@@ -462,8 +462,8 @@ def test_dca_mscale_squared_beyond_l_and_1_within():
     torch.testing.assert_close(DualChunkConfig().query_multiplier(i, 4096), hand(expected), rtol=1e-14, atol=0)
     stated = DualChunkConfig(original_max_position_embeddings=64).query_scale(torch.tensor([63, 127]), 4096)
     torch.testing.assert_close(stated, hand([1.0, (0.05 * math.log(2) + 1) ** 2]), rtol=1e-14, atol=0)
-    assert DualChunkConfig(mscale=False).query_scale(i, 4096) is None
-    assert DualChunkConfig().mscale is True  # on by default, as in the reference
+    assert DualChunkConfig(scale_queries=False).query_scale(i, 4096) is None
+    assert DualChunkConfig().scale_queries is True  # on by default, as in the reference
     grid = torch.arange(0, 3 * L)
     torch.testing.assert_close(DualChunkConfig().query_scale(grid, L), hand([dca_mscale(p, L) for p in range(3 * L)]),
                                rtol=1e-14, atol=0)
@@ -646,7 +646,7 @@ def _hand_kernel(rel_of, scale_of, rotary_dim: int | None):
 END_TO_END = {
     "logn": ("logn", None, lambda i: logn(i, L)),
     "dca": ("dca", lambda i, j: dca_rel(i, j, 48, 8), lambda i: dca_mscale(i, L)),
-    "dca_small_chunks": ("dca:chunk_size=12:local_window=4:mscale=false", lambda i, j: dca_rel(i, j, 12, 4), lambda i: 1.0),
+    "dca_small_chunks": ("dca:chunk_size=12:local_window=4:scale_queries=false", lambda i, j: dca_rel(i, j, 12, 4), lambda i: 1.0),
     "dca+logn": ("dca+logn", lambda i, j: dca_rel(i, j, 48, 8), lambda i: dca_mscale(i, L) * logn(i, L)),
 }
 

@@ -13,12 +13,14 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from rope_ext.methods import (
+    DualChunkConfig,
     MethodConfig,
     RotarySpec,
     YarnConfig,
     get_method_class,
     list_methods,
     make_config,
+    make_configs,
     register_method,
     undocumented,
     unregister_method,
@@ -329,7 +331,7 @@ def test_bad_original_context_length():
         ("self_extend", {"W": 0}, "self_extend: W must be an int >= 1, got 0"),
         ("string", {"W": 0}, "string: W must be an int >= 1, got 0"),
         ("dca", {"local_window": 0}, "dca: local_window must be an int >= 1, got 0"),
-        ("dca", {"mscale": 1}, "dca: mscale must be True or False, got 1"),
+        ("dca", {"scale_queries": 1}, "dca: scale_queries must be True or False, got 1"),
         ("yarn", {"factor": 2.0, "beta_fast": 0}, "yarn: beta_fast must be a finite number > 0, got 0"),
         ("yarn", {"factor": 2.0, "beta_slow": -1.0}, "yarn: beta_slow must be a finite number > 0, got -1.0"),
         ("yarn", {"factor": 2.0, "truncate": 1}, "yarn: truncate must be True or False, got 1"),
@@ -522,3 +524,18 @@ def test_the_shared_options_declare_their_meaning_once_on_the_base():
         meaning(FrequencyConfig, "original_max_position_embeddings")}
     assert meaning(get_method_class("pi"), "original_max_position_embeddings").startswith("not used")
     assert meaning(get_method_class("rerope"), "w") == meaning(get_method_class("leaky_rerope"), "w")
+
+
+def test_a_renamed_option_builds_from_its_old_name_in_specs_dicts_and_saved_configs():
+    """DCA's switch was ``mscale`` before 0.2 (YaRN's ``mscale`` is a number): the old name still builds, from a
+    spec, a dict, keyword arguments and a saved config's dict; given beside the new name it is refused."""
+    off = DualChunkConfig(scale_queries=False)
+    assert make_config("dca:mscale=false") == off
+    assert make_config({"method": "dca", "mscale": False}) == off
+    assert make_config("dca", mscale=False) == off
+    assert make_configs("dca+logn", mscale=False)[0] == off
+    assert MethodConfig.from_dict({"method": "dca", "chunk_size": None, "local_window": None, "mscale": False,
+                                   "original_max_position_embeddings": None}) == off
+    assert "mscale" not in off.to_dict() and off.to_dict()["scale_queries"] is False
+    with pytest.raises(ValueError, match="dca: mscale is the old name of scale_queries; give scale_queries alone"):
+        make_config("dca:mscale=false:scale_queries=true")

@@ -5,7 +5,7 @@ a list of *terms*, one or more per hook kind that applies to the layer:
 
 * ``PositionRule`` -- RoPE evaluated at remapped positions on unrotated queries and keys (ReRoPE, Self-Extend,
   DCA...; or plain RoPE rotated at attention time, as the cache-consistent dynamic methods need);
-* ``QueryScale`` -- a multiplier per query position (log-n, DCA's mscale);
+* ``QueryScale`` -- a multiplier per query position (log-n, DCA's scale_queries);
 * ``Bias`` -- an additive ``bias(q_pos, k_pos) -> [heads, q, k]`` (ALiBi-like terms);
 * ``PairScale`` -- queries and keys scaled per rotary pair on top of plain RoPE rotated in attention (xPos);
 * ``Wrapper`` -- a function around the whole call (shifted sparse attention).

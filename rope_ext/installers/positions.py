@@ -4,7 +4,7 @@ Self-Extend, STRING, Dual Chunk Attention) and ``query_scale`` (log-n).
 A position rule needs queries and keys unrotated: ``rotate_in_attention`` moves the rotation of the chosen layer
 types from the rotary module into the attention programs, with the frequencies the rotary replacement gives (a
 frequency method's, or the checkpoint's own); this installer then sets each full-attention layer's rule,
-resolved against its ``L`` (the rotation's, unless the method states its own), plus DCA's mscale as a query
+resolved against its ``L`` (the rotation's, unless the method states its own), plus DCA's query scaling as a query
 scale. log-n is a query scale alone: it needs no rotation of its own and runs on whatever reaches attention.
 """
 
@@ -52,8 +52,7 @@ class PositionRuleInstaller(HookInstaller):
             check_length_within(method.method, method.original_max_position_embeddings,
                                 within if static else term.native, frequency if static else None)
             term.config = method.resolved(term.original)
-            mscale = getattr(term.config, "mscale", False)
-            if mscale:
+            if getattr(term.config, "scale_queries", False):  # (DCA's)
                 program.add(QueryScale(term.config, term.config.original))
             limits.add(term.config.intended_length(within))
         limit = None if None in limits else min(limits)

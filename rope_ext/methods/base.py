@@ -175,7 +175,7 @@ def _share_options(items: list[Any], kwargs: dict[str, Any]) -> list[dict[str, A
         return shares
     classes = [_method_class(item) for item in items]
     for key, value in kwargs.items():
-        takers = [i for i, cls in enumerate(classes) if key in cls.option_names()]
+        takers = [i for i, cls in enumerate(classes) if key in cls.option_names() or key in cls.renamed_options]
         if key in SHARED_OPTIONS and takers:  # one fact about the model: every method that has it takes it
             users = [i for i in takers if key not in classes[i].unused_shared_options]
             for i in users or takers:  # (only methods that do not use it: let the method say so)
@@ -235,6 +235,8 @@ class MethodConfig:
     #: options whose ``None`` default means "not given" and is refused (a required ``factor``), not derived when
     #: patching
     required_options: ClassVar[frozenset[str]] = frozenset()
+    #: options renamed, by their old names: a spec, a dict or a saved config that uses an old name still builds
+    renamed_options: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
         _plain_fields(self)
@@ -273,6 +275,12 @@ class MethodConfig:
 
     @classmethod
     def _build(cls, kwargs: dict[str, Any]) -> MethodConfig:
+        kwargs = dict(kwargs)
+        for old, new in cls.renamed_options.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise ValueError(f"{cls.method}: {old} is the old name of {new}; give {new} alone")
+                kwargs[new] = kwargs.pop(old)
         names = cls.option_names()
         unknown = sorted(set(kwargs) - set(names))
         if unknown:

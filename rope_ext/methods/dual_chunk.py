@@ -25,12 +25,14 @@ class DualChunkConfig(PositionRuleConfig):
     (``s = chunk_size - local_window``); a query at ``i mod s`` for its own chunk, at
     ``min(i mod s + s, chunk_size)`` for the previous one, at ``chunk_size`` for older ones.
 
-    Defaults ``chunk_size = 3L/4``, ``local_window = L/8`` (the reference's; below a smaller ``chunk_size``). ``mscale`` multiplies the scores
+    Defaults ``chunk_size = 3L/4``, ``local_window = L/8`` (the reference's; below a smaller ``chunk_size``). ``scale_queries`` multiplies the scores
     of query ``i`` by ``(0.05 ln((i + 1) / L) + 1) ** 2`` beyond ``L``: the reference's ``0.05 ln(n/L) + 1`` on
     both q and k, with ``n`` taken per query so that generation with the cache equals a full forward.
     """
 
     method: ClassVar[str] = "dca"
+    #: YaRN's ``mscale`` is a number; DCA's switch was named after the reference's variable
+    renamed_options: ClassVar[dict[str, str]] = {"mscale": "scale_queries"}
     summary: ClassVar[str] = (
         "Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; HKUNLP/ChunkLlama): the sequence cut into chunks of "
         "``s = chunk_size - local_window`` tokens, keys at ``j mod s`` and each query at a position set by the key's "
@@ -45,10 +47,10 @@ class DualChunkConfig(PositionRuleConfig):
         None, integer(1, optional=True),
         meaning="the local window: a query in the first local_window positions of its chunk sees the previous "
                 "chunk's keys at their true distance; None: ``L/8`` (the reference's; below chunk_size)")
-    mscale: bool = option(
+    scale_queries: bool = option(
         True, flag(),
         meaning="multiply the scores of query ``i`` beyond ``L`` by ``(0.05 ln((i + 1) / L) + 1)^2`` (the "
-                "reference's ``0.05 ln(n/L) + 1`` on q and k)")
+                "reference's ``mscale``, ``0.05 ln(n/L) + 1`` on q and k; ``mscale`` before 0.2)")
 
     def with_defaults(self, original: int) -> DualChunkConfig:
         chunk_size = self.chunk_size if self.chunk_size is not None else max(2, 3 * original // 4)
@@ -62,15 +64,15 @@ class DualChunkConfig(PositionRuleConfig):
         return self.chunk_size - self.local_window
 
     def query_scale(self, i: torch.Tensor, original: int) -> torch.Tensor | None:
-        """The mscale multiplier at query positions ``i`` (``None`` without mscale); ``L`` is the config's own
+        """The multiplier at query positions ``i`` (``None`` with ``scale_queries`` off); ``L`` is the config's own
         when it states one, else ``original``."""
-        if not self.mscale:
+        if not self.scale_queries:
             return None
         length = self.original_max_position_embeddings or original
         return torch.clamp(0.05 * torch.log((i.to(torch.float64) + 1) / length) + 1, min=1.0) ** 2
 
     def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
-        """The program's form of ``query_scale`` (installed only with ``mscale``)."""
+        """The program's form of ``query_scale`` (installed only with ``scale_queries``)."""
         return self.query_scale(i, original)
 
     def relative(self, i, j):

@@ -1,6 +1,6 @@
 """Query scaling (hook kind ``query_scale``): queries multiplied per position, beside any position encoding.
 
-log-n scaling (Su 2021; in ReRoPE's patch): queries times ``max(1, ln(i + 1) / ln L)``. (DCA's mscale is a query
+log-n scaling (Su 2021; in ReRoPE's patch): queries times ``max(1, ln(i + 1) / ln L)``. (DCA's scale_queries is a query
 scale too, installed with its rule: ``DualChunkConfig.query_multiplier``.)
 
 Pure math: imports torch, never transformers.

@@ -2,8 +2,9 @@
 
 * A folder to write into must be a folder, or creatable as one (``writable_folder``).
 * A run's options are saved beside its outputs; a re-run with the same options resumes, one with other options is
-  refused naming each difference (``check_folder`` for training runs, ``rope_ext.runs.results.ResultStore`` for
-  evaluations), and ``--overwrite`` starts afresh.
+  refused naming each difference, and ``--overwrite`` starts afresh: one class, ``RunFolder``, reads, compares and
+  refuses for every command (``check_folder`` for training runs; ``rope_ext.runs.results.ResultStore``, a
+  ``RunFolder`` for evaluations).
 * ``--overwrite`` removes every file a rope-ext command writes (``clear_outputs``: ``ALL_OUTPUTS`` and the
   checkpoints), whichever command wrote it, and nothing else; so a folder reused by another command never keeps a
   previous run's adapter or weights beside the new ones.
@@ -18,6 +19,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,95 @@ OUTPUT_PATTERNS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "ppl.
 MODEL_FILES = ("config.json", "adapter_config.json", RUN_FILE, TRAIN_RUN_FILE)
 
 
+def read_json(path: Path, what: str) -> Any:
+    """``path``'s JSON; a file that does not parse is a ``ValueError`` naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{path} is not {what} rope-ext wrote ({type(error).__name__}: {error}); "
+            "remove it or pass --overwrite to start the folder afresh"
+        ) from None
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def config_differences(
+    previous: dict[str, Any],
+    current: dict[str, Any],
+    *,
+    may_change: Iterable[str] = (),
+    normalise: Callable[[str, Any], Any] | None = None,
+    labels: dict[str, str] | None = None,
+) -> list[str]:
+    """What differs between two run configurations, one ``"key: <old> before, <new> now"`` per key (a dict
+    value: per entry that differs); keys in ``may_change`` are not compared, and ``normalise(key, value)``
+    is applied to both sides before comparing (e.g. resolving paths; values are shown as given). ``labels[key]`` says what a changed value of
+    ``key`` means (an entry of a dict: one in both)."""
+    labels = labels or {}
+    normalise = normalise or (lambda key, value: value)
+    skip = set(may_change)
+    differences = []
+    for key in [*previous, *(k for k in current if k not in previous)]:
+        if key in skip:
+            continue
+        old, new = normalise(key, previous.get(key)), normalise(key, current.get(key))
+        if old == new:
+            continue
+        if not (isinstance(old, dict) and isinstance(new, dict)):  # (shown as written: a spec, not its configs)
+            old, new = previous.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            for entry in [*old, *(e for e in new if e not in old)]:
+                if old.get(entry) != new.get(entry):
+                    before = short(old[entry]) if entry in old else "absent"
+                    now = short(new[entry]) if entry in new else "absent"
+                    label = f" ({labels[key]})" if key in labels and entry in old and entry in new else ""
+                    differences.append(f"{key}[{entry!r}]: {before} before, {now} now{label}")
+        else:
+            label = f" ({labels[key]})" if key in labels else ""
+            differences.append(f"{key}: {short(old)} before, {short(new)} now{label}")
+    return differences
+
+
+class RunFolder:
+    """A folder whose options file says which run its outputs belong to: every command that resumes (``rope-ext
+    finetune``, ``train``, ``eval``) reads, compares and refuses through this one class, with one message.
+
+    ``saved()`` is the folder's options (``None``: none written); ``refuse(why)`` raises the refusal;
+    ``refuse_differences`` names each option that differs (``config_differences``)."""
+
+    def __init__(self, out: str | Path, options_file: str, holds: str, overwrite: bool = False) -> None:
+        self.out = Path(out)
+        self.options_path = self.out / options_file
+        self.holds = holds  # what the folder holds, in the refusal: "ppl results", "a rope-ext finetune run"
+        self.overwrite = overwrite
+
+    def saved(self) -> dict[str, Any] | None:
+        """The options file's dict (``None``: no such file); one that does not parse, or holds no dict, is refused
+        naming it."""
+        if not self.options_path.is_file():
+            return None
+        saved = read_json(self.options_path, "a run configuration")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"{self.options_path} is not a run configuration rope-ext wrote (a JSON {type(saved).__name__}); "
+                "remove it or pass --overwrite to start the folder afresh"
+            )
+        return saved
+
+    def refuse(self, why: str, resume: str = "") -> None:
+        """``ValueError``: the folder holds ``why``; ``resume`` says how to resume it instead, where one can."""
+        raise ValueError(f"--out {self.out} holds {self.holds} {why}; {resume + ', ' if resume else ''}give another "
+                         "--out, or pass --overwrite to replace them")
+
+    def refuse_differences(self, differences: list[str]) -> None:
+        self.refuse(f"of another configuration (differs in: {'; '.join(differences)})", "re-run with its options to resume")
+
+
 def holds_model(path: str | os.PathLike) -> str | None:
     """The first of ``MODEL_FILES`` in ``path`` (``None``: none, or no folder)."""
     return next((name for name in MODEL_FILES if (Path(path) / name).is_file()), None)
@@ -119,33 +210,24 @@ def check_folder(
         if given and given != "default" and os.path.isdir(given) and (within(out, given) or within(given, out)):
             raise ValueError(f"--out {config.out}: the --{option} folder {given} is there (or the one is inside the "
                              "other); write the run to another folder")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(out.iterdir()) or overwrite:
         return None
-    saved_path = out / config_file
-    if overwrite:
-        return None
-    if not saved_path.is_file():
+    folder = RunFolder(out, config_file, f"a {command} run")
+    if not folder.options_path.is_file():
         raise ValueError(
             f"--out {config.out}: the folder holds other files (not a {command} run); give an empty or new "
             "folder, or --overwrite"
         )
-    try:
-        saved = json.loads(saved_path.read_text())
-    except ValueError:
-        raise ValueError(f"--out {config.out}: {config_file} is unreadable; give --overwrite to start again") from None
+    saved = folder.saved()
     current = resolved_options(config)
     defaults = option_defaults(config)  # (an option newer than the folder's run: its default there)
     before = {k: saved.get(k, defaults.get(k)) for k in sorted(set(saved) | set(current))}
-    differ = [f"{k}: {before[k]!r} before, {current.get(k)!r} now" for k in before  # (evaluation's wording)
-              if k not in MAY_CHANGE and comparable(k, before[k]) != comparable(k, current.get(k))]
+    differ = config_differences(before, current, may_change=MAY_CHANGE, normalise=comparable)
     if saved.get("max_steps") != current["max_steps"] and config.schedule in ("linear", "cosine"):
         differ.append(f"max_steps: {saved.get('max_steps')!r} before, {current['max_steps']!r} now (the "
                       f"{config.schedule} schedule's length: a resumed run would follow another curve)")
     if differ:
-        raise ValueError(
-            f"--out {config.out} holds a run of another configuration (differs in: {'; '.join(differ[:4])}); re-run "
-            "with its options to resume, or give another --out, or --overwrite"
-        )
+        folder.refuse_differences(differ)
     return saved
 
 

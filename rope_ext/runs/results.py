@@ -21,60 +21,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rope_ext.runs.folder import RunFolder, config_differences, short
+
 
 def _warn(message: str) -> None:
     print(f"rope-ext: warning: {message}", file=sys.stderr)
-
-
-def read_json(path: Path, what: str) -> Any:
-    """``path``'s JSON; a file that does not parse is a ``ValueError`` naming it."""
-    try:
-        return json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(
-            f"{path} is not {what} rope-ext wrote ({type(error).__name__}: {error}); "
-            "remove it or pass --overwrite to start the folder afresh"
-        ) from None
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def config_differences(
-    previous: dict[str, Any],
-    current: dict[str, Any],
-    *,
-    may_change: Iterable[str] = (),
-    normalise: Callable[[str, Any], Any] | None = None,
-    labels: dict[str, str] | None = None,
-) -> list[str]:
-    """What differs between two run configurations, one ``"key: <old> before, <new> now"`` per key (a dict
-    value: per entry that differs); keys in ``may_change`` are not compared, and ``normalise(key, value)``
-    is applied to both sides first (e.g. resolving paths). ``labels[key]`` says what a changed value of
-    ``key`` means (an entry of a dict: one in both)."""
-    labels = labels or {}
-    normalise = normalise or (lambda key, value: value)
-    skip = set(may_change)
-    differences = []
-    for key in [*previous, *(k for k in current if k not in previous)]:
-        if key in skip:
-            continue
-        old, new = normalise(key, previous.get(key)), normalise(key, current.get(key))
-        if old == new:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            for entry in [*old, *(e for e in new if e not in old)]:
-                if old.get(entry) != new.get(entry):
-                    before = _short(old[entry]) if entry in old else "absent"
-                    now = _short(new[entry]) if entry in new else "absent"
-                    label = f" ({labels[key]})" if key in labels and entry in old and entry in new else ""
-                    differences.append(f"{key}[{entry!r}]: {before} before, {now} now{label}")
-        else:
-            label = f" ({labels[key]})" if key in labels else ""
-            differences.append(f"{key}: {_short(old)} before, {_short(new)} now{label}")
-    return differences
 
 
 def read_records(path: Path, warn: Callable[[str], None] = _warn) -> tuple[list[dict[str, Any]], int | None]:
@@ -93,7 +44,7 @@ def read_records(path: Path, warn: Callable[[str], None] = _warn) -> tuple[list[
                 if last:
                     warn(
                         f"{path}, line {number}: a half-written record (an interrupted run?) is dropped: "
-                        f"{_short(line.decode('utf-8', 'replace'), 60)}"
+                        f"{short(line.decode('utf-8', 'replace'), 60)}"
                     )
                     return records, offset
                 raise ValueError(
@@ -110,10 +61,11 @@ def read_records(path: Path, warn: Callable[[str], None] = _warn) -> tuple[list[
     return records, None
 
 
-class ResultStore:
+class ResultStore(RunFolder):
     """``ResultStore(out, kind, run_config)`` checks ``run_config`` against the folder's at once (see
     ``configure``); with ``run_config=None`` the folder can be read first (``previous``, ``records``) and
-    the configuration given later."""
+    the configuration given later. Its options file is ``<kind>_run.json``; the rules and the refusal are
+    ``RunFolder``'s, with one difference: ``overwrite`` replaces only this kind's files, at the first write."""
 
     def __init__(
         self,
@@ -124,29 +76,22 @@ class ResultStore:
         *,
         warn: Callable[[str], None] = _warn,
     ) -> None:
-        self.out = Path(out)
+        super().__init__(out, f"{kind}_run.json", f"{kind} results", overwrite)
         self.kind = kind
-        self.overwrite = overwrite
         self.warn = warn
-        self.run_path = self.out / f"{kind}_run.json"
+        self.run_path = self.options_path
         self.records_path = self.out / f"{kind}_records.jsonl"
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"--out {str(out)!r} is a file; give a folder (created if missing)")
         self.previous: dict[str, Any] | None = None  # the folder's run configuration
         self.run_config: dict[str, Any] = {}
         self._stale = False  # results of another configuration, to delete before the first write
-        if self.run_path.exists():
-            try:
-                self.previous = read_json(self.run_path, "a run configuration")
-                if not isinstance(self.previous, dict):
-                    raise ValueError(
-                        f"{self.run_path} is not a run configuration rope-ext wrote (a JSON "
-                        f"{type(self.previous).__name__}); remove it or pass --overwrite to start the folder afresh"
-                    )
-            except ValueError:
-                if not overwrite:
-                    raise
-                self.previous, self._stale = None, True
+        try:
+            self.previous = self.saved()
+        except ValueError:
+            if not overwrite:
+                raise
+            self._stale = True
         self._written = False
         self._cached: tuple[list[dict[str, Any]], int | None] | None = None
         if run_config is not None:
@@ -185,15 +130,13 @@ class ResultStore:
             self.previous, self.run_config, may_change=[*may_change, *lacking], normalise=normalise, labels=labels
         )
         if differences:
-            self.refuse(f"of a different configuration (differs in: {'; '.join(differences)})")
+            self.refuse_differences(differences)
 
-    def refuse(self, why: str) -> None:
+    def refuse(self, why: str, resume: str = "") -> None:
         """Raise ``ValueError`` (the folder holds results this run must not mix with), or with
         ``overwrite`` mark them for deletion before this run's first write."""
         if not self.overwrite:
-            raise ValueError(
-                f"{self.out} holds {self.kind} results {why}; pass --overwrite to replace them, or choose another --out"
-            )
+            super().refuse(why, resume)
         self._stale = True
 
     def clear(self) -> None:
