@@ -499,20 +499,25 @@ def test_methods_that_do_not_fit_are_refused_and_the_model_untouched(family, met
     assert model.state_dict().keys() == state.keys()
 
 
-def test_evaluation_refuses_lengths_past_the_table_naming_what_reaches_them():
+def test_evaluation_leaves_out_lengths_past_the_table_naming_what_reaches_them():
     from rope_ext.eval.run import check_methods
     from rope_ext.methods import make_configs
 
     model = gpt2()
     methods = {"none": [], "abs_interp:factor=2": list(make_configs("abs_interp:factor=2")), "alibi": [make_config("alibi")]}
-    check_methods(model, {"none": []}, longest=L)
+    assert check_methods(model, {"none": []}, lengths=[L]) == {}
     with pytest.raises(ValueError, match=r"method 'none': this model's learned position table reaches 64 positions, "
-                                         r"and the longest length asked is 128; read it further with abs_interp"):
-        check_methods(model, methods, longest=2 * L)
-    check_methods(model, {k: v for k, v in methods.items() if k != "none"}, longest=2 * L - 1)
+                                         r"and the shortest length asked is 128; read it further with abs_interp"):
+        check_methods(model, methods, lengths=[2 * L])
+    with pytest.raises(ValueError, match=r"reaches 64 positions, and the shortest length asked is 60 \(and 7 "
+                                         r"positions of the answer\)"):
+        check_methods(model, {"none": []}, lengths=[L - 4], extra=7)
+    # a method short of the longest length but reaching the shortest: its longer lengths are left out of the run
+    assert check_methods(model, methods, lengths=[L, 2 * L]) == {"none": L, "abs_interp:factor=2": 2 * L - 1}
+    assert check_methods(model, {k: v for k, v in methods.items() if k != "none"}, lengths=[2 * L - 1]) == {}
     with pytest.raises(ValueError, match="method 'abs_interp:factor=2': .* reaches 127 positions"):
-        check_methods(model, {"abs_interp:factor=2": methods["abs_interp:factor=2"]}, longest=200)
-    check_methods(model, {"alibi": methods["alibi"]}, longest=10 ** 6)
+        check_methods(model, {"abs_interp:factor=2": methods["abs_interp:factor=2"]}, lengths=[200])
+    assert check_methods(model, {"alibi": methods["alibi"]}, lengths=[10 ** 6]) == {}
 
 
 # --- what a new user's trial found ----------------------------------------------------------------------------------

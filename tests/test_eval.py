@@ -419,6 +419,41 @@ def test_cli_eval_ppl_writes_results_resumes_and_refuses_other_configs(tmp_path,
     assert json.loads((run / "ppl.json").read_text())["run"]["protocol"] == "curve"
 
 
+def test_a_learned_table_is_evaluated_at_its_own_lengths_beside_methods_that_reach_further(
+        tmp_path, tiny_checkpoint, capsys):
+    """GPT-2's ``none`` at the lengths its 64-row table reaches, in the same run as methods read past it; its longer
+    lengths are left out (said once), not the whole run refused; passkey alike."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    checkpoint, text = tiny_checkpoint
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=64)).save_pretrained(
+        tmp_path / "gpt2")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "gpt2" / name).write_bytes((checkpoint / name).read_bytes())
+    run = tmp_path / "run"
+    common = ["--model", str(tmp_path / "gpt2"), "--no-plot", "--out", str(run)]
+    assert main(["eval", "ppl", *common, "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64,128",
+                 "--target-tokens", "16", "--methods", "none,abs_interp:factor=2,alibi"]) == 0
+    out = capsys.readouterr().out
+    assert ("method 'none': this model's learned position table reaches 64 positions; lengths 128 are left out for "
+            "it (read it further with abs_interp, abs_hierarchical or sinusoidal to evaluate them)") in out
+    assert ("method 'abs_interp:factor=2': this model's learned position table reaches 127 positions; lengths 128 "
+            "are left out for it (give abs_interp a larger factor to evaluate them)") in out
+    assert "'alibi'" not in out
+    summary = json.loads((run / "ppl.json").read_text())["summary"]
+    assert {(r["method"], r["length"]) for r in summary} == {
+        ("none", 32), ("none", 64), *((m, L) for m in ("abs_interp:factor=2", "alibi") for L in (32, 64)),
+        ("alibi", 128)}
+    capsys.readouterr()
+    assert main(["eval", "passkey", *common, "--lengths", "57,58,120", "--depths", "0.5", "--trials", "1",
+                 "--methods", "none,alibi"]) == 0
+    assert ("lengths 58, 120 are left out for it (with the 7 positions of the answer)"  # (57 + 7 = 64 rows)
+            in capsys.readouterr().out)
+    rows = json.loads((run / "passkey.json").read_text())["summary"]
+    assert {(r["method"], r["length"]) for r in rows} == {("none", 57), *(("alibi", L) for L in (57, 58, 120))}
+
+
 def test_cli_bad_input(tmp_path, tiny_checkpoint, capsys):
     checkpoint, text = tiny_checkpoint
     assert main(["eval", "ppl", "--model", str(checkpoint), "--methods", "none,yarnn", "--out", str(tmp_path)]) == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rope_ext.cli.options import joined
 from rope_ext.eval.data import load_documents, tokenize_documents
-from rope_ext.eval.passkey import prompt_overhead
+from rope_ext.eval.passkey import ANSWER_POSITIONS, prompt_overhead
 from rope_ext.eval.plan import (
     PPL_LABELS,
     PPL_MAY_CHANGE,
@@ -22,7 +22,14 @@ from rope_ext.eval.plan import (
     site_options_of,
 )
 from rope_ext.eval.plot import plot_run
-from rope_ext.eval.run import added_lengths_problem, check_methods, folder_lengths, run_passkey, run_perplexity
+from rope_ext.eval.run import (
+    added_lengths_problem,
+    check_methods,
+    folder_lengths,
+    left_out,
+    run_passkey,
+    run_perplexity,
+)
 from rope_ext.runs.folder import holds_model, normalised, writable_folder
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
@@ -105,13 +112,15 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         target_lengths = lengths
         documents, run_config = perplexity_run(args, every, target_lengths, native)
         store.configure(run_config)
-    check_methods(model, args.methods, site_options, longest=max(lengths))
+    limits = check_methods(model, args.methods, site_options, lengths)
     print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
     if set(target_lengths) != set(lengths):
         print(
             f"resuming {args.out}: the positions scored follow its lengths with this run's "
             f"({','.join(map(str, target_lengths))}); evaluating {','.join(map(str, lengths))}"
         )
+    for line in left_out(limits, args.methods, lengths):
+        print(line)
     summary = run_perplexity(
         model,
         documents,
@@ -124,6 +133,7 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         site_options=site_options,
         target_lengths=target_lengths,
         tokenizer=tokenizer,
+        limits=limits,
     )
     context = "no stated native context" if native is None else f"native context {native}"
     print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; {context}; this run's methods "
@@ -144,12 +154,14 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
             f"--lengths: length {args.lengths[0]} is too short for the passkey prompt ({overhead} tokens before "
             "any filler)"
         )
-    check_methods(model, args.methods, site_options, longest=max(args.lengths))
+    limits = check_methods(model, args.methods, site_options, args.lengths, extra=ANSWER_POSITIONS)
+    for line in left_out(limits, args.methods, args.lengths, extra=ANSWER_POSITIONS):
+        print(line)
     run_config = common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
     store.configure(run_config, may_change=("model_name",), normalise=normalised)
     summary = run_passkey(
         model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
-        site_options=site_options,
+        site_options=site_options, limits=limits,
     )
     by_length: dict[tuple, list[float]] = {}
     for row in summary:

@@ -71,8 +71,16 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str) -> torch
     return torch.tensor([ids])
 
 
+#: tokens generated for an answer; all but the last are read back, at the positions after the prompt
+ANSWER_TOKENS = 8
+#: positions an answer takes beyond its prompt
+ANSWER_POSITIONS = ANSWER_TOKENS - 1
+
+
 @torch.no_grad()
-def answer_passkey(model: nn.Module, tokenizer: Any, prompt: torch.Tensor, max_new_tokens: int = 8) -> str:
+def answer_passkey(
+    model: nn.Module, tokenizer: Any, prompt: torch.Tensor, max_new_tokens: int = ANSWER_TOKENS
+) -> str:
     device = next(model.parameters()).device
     out = model.generate(
         prompt.to(device),

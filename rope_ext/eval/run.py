@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from rope_ext.eval.data import Document
 from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
-from rope_ext.eval.passkey import PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
+from rope_ext.eval.passkey import ANSWER_POSITIONS, PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
 from rope_ext.eval.perplexity import PerplexityRecord, evaluate_document, record_key, summarize, target_spans
 from rope_ext.families.limits import position_limit
 from rope_ext.methods import MethodConfig
@@ -25,23 +25,43 @@ Methods = dict[str, list[MethodConfig]]  # spec as given -> its configs
 
 
 def check_methods(
-    model: nn.Module, methods: Methods, site_options: dict[str, Any] | None = None, longest: int | None = None
-) -> None:
-    """Patch and unpatch once with every method, so one the model cannot take fails before any work; with
-    ``longest``, also refuse a method that leaves the model's positions short of it (a learned table)."""
+    model: nn.Module, methods: Methods, site_options: dict[str, Any] | None = None,
+    lengths: list[int] | None = None, extra: int = 0,
+) -> dict[str, int]:
+    """Patch and unpatch once with every method, so one the model cannot take fails before any work. With
+    ``lengths`` (each read at ``extra`` positions more: a passkey's answer): the methods that leave the model's
+    positions short of the longest (a learned table), each with the positions it reaches (``{spec: limit}``: the
+    run leaves out the lengths past it); one that reaches none of the lengths is refused."""
+    short: dict[str, int] = {}
     for spec, configs in methods.items():
         try:
             limit = with_method(model, configs, lambda: position_limit(model), site_options)
         except (ValueError, TypeError, RuntimeError) as error:
             raise ValueError(f"method {spec!r} cannot patch this model: {error}") from None
-        if longest is not None and limit is not None and longest > limit:
-            further = ("give abs_interp a larger factor" if any(c.method == "abs_interp" for c in configs)
-                       else "read it further with abs_interp, abs_hierarchical or sinusoidal")
+        if not lengths or limit is None or max(lengths) + extra <= limit:
+            continue
+        if min(lengths) + extra > limit:
+            plus = f" (and {extra} positions of the answer)" if extra else ""
             raise ValueError(
-                f"method {spec!r}: this model's learned position table reaches {limit} positions, and the longest "
-                f"length asked is {longest}; {further}, or replace it with a bias (alibi, kerple, sandwich, fire), "
-                f"or leave {spec!r} out of --methods, or evaluate shorter lengths"
+                f"method {spec!r}: this model's learned position table reaches {limit} positions, and the shortest "
+                f"length asked is {min(lengths)}{plus}; {_further(configs)}, or replace it with a bias (alibi, kerple, "
+                f"sandwich, fire), or leave {spec!r} out of --methods, or evaluate shorter lengths"
             )
+        short[spec] = limit
+    return short
+
+
+def _further(configs: list[MethodConfig]) -> str:
+    return ("give abs_interp a larger factor" if any(c.method == "abs_interp" for c in configs)
+            else "read it further with abs_interp, abs_hierarchical or sinusoidal")
+
+
+def left_out(short: dict[str, int], methods: Methods, lengths: list[int], extra: int = 0) -> list[str]:
+    """One line per method whose learned table stops short of some lengths: the lengths the run leaves out."""
+    plus = f" (with the {extra} positions of the answer)" if extra else ""
+    return [f"method {spec!r}: this model's learned position table reaches {limit} positions; lengths "
+            f"{', '.join(str(L) for L in sorted(lengths) if L + extra > limit)} are left out for it{plus} "
+            f"({_further(methods[spec])} to evaluate them)" for spec, limit in short.items()]
 
 
 def _config_dicts(configs: list[MethodConfig]) -> list[dict[str, Any]]:
@@ -136,9 +156,11 @@ def run_perplexity(
     log: Callable[[str], None] = tqdm.write,
     target_lengths: list[int] | None = None,
     tokenizer: Any = None,
+    limits: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every method on every document at every usable length; returns the summary rows. The objective
-    protocols (``masked-lm``, ``span-corruption``) need the ``tokenizer``.
+    protocols (``masked-lm``, ``span-corruption``) need the ``tokenizer``. ``limits`` (``check_methods``): a
+    method's lengths past its learned table are left out.
 
     ``target_lengths`` (default ``lengths``; it must include them) decide the positions scored, see
     ``target_spans``: a resumed folder's lengths with this run's, so that a run of only the lengths it adds
@@ -168,14 +190,16 @@ def run_perplexity(
             done.clear()
             break
         done.add(record_key(r["method"], r["protocol"], r["document"], r["length"]))
+    limits = limits or {}
     work = [(spec, document) for spec in methods for document in documents]
     todo_lengths = {d.title: [L for L in plan[d.title] if L in wanted] for d in documents}
-    bar = tqdm(total=sum(len(todo_lengths[d.title]) for _, d in work), unit="len")
+    reach = {spec: limits.get(spec, max(target_lengths)) for spec in methods}
+    bar = tqdm(total=sum(sum(L <= reach[s] for L in todo_lengths[d.title]) for s, d in work), unit="len")
     for spec, document in work:
         configs = methods[spec]
         bar.set_description(f"{spec} / {document.title}")
         skip = lambda length: (  # noqa: E731
-            length not in wanted or record_key(spec, protocol, document.title, length) in done
+            length not in wanted or length > reach[spec] or record_key(spec, protocol, document.title, length) in done
         )
 
         def evaluate() -> None:
@@ -195,7 +219,7 @@ def run_perplexity(
                 store.append(record.to_dict())
                 bar.update(1)
 
-        bar.update(sum(1 for length in todo_lengths[document.title] if skip(length)))
+        bar.update(sum(1 for length in todo_lengths[document.title] if length <= reach[spec] and skip(length)))
         with_method(model, configs, evaluate, site_options)
     bar.close()
     # the tables cover every record of the folder (all of one run configuration: earlier runs' methods and
@@ -221,14 +245,20 @@ def run_passkey(
     *,
     seed: int = 0,
     site_options: dict[str, Any] | None = None,
+    limits: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Passkey accuracy over the length x depth grid, ``trials`` keys per cell, for every method."""
+    """Passkey accuracy over the length x depth grid, ``trials`` keys per cell, for every method (``limits``: a
+    method's lengths past its learned table, the answer's positions included, are left out)."""
     previous = _records_as(PasskeyRecord, store, store.records())
     done = {passkey_key(r.method, r.length, r.depth, r.trial) for r in previous}
-    cells = [(L, d, t) for L in lengths for d in depths for t in range(trials)]
-    bar = tqdm(total=len(methods) * len(cells), unit="trial")
+    limits = limits or {}
+    grid = [(L, d, t) for L in lengths for d in depths for t in range(trials)]
+    reach = {spec: limits.get(spec, max(lengths) + ANSWER_POSITIONS) - ANSWER_POSITIONS for spec in methods}
+    cells_of = {spec: [cell for cell in grid if cell[0] <= reach[spec]] for spec in methods}
+    bar = tqdm(total=sum(len(cells) for cells in cells_of.values()), unit="trial")
     for spec, configs in methods.items():
         bar.set_description(spec)
+        cells = cells_of[spec]
         todo = [cell for cell in cells if passkey_key(spec, *cell) not in done]
         bar.update(len(cells) - len(todo))
 
@@ -244,6 +274,6 @@ def run_passkey(
     bar.close()
     kept = store.records()  # (the tables cover every record of the folder, as for perplexity)
     store.write_tables(kept, summarize_passkey(_records_as(PasskeyRecord, store, kept)))
-    wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells}
+    wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells_of[spec]}
     records = [r for r in kept if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]
     return summarize_passkey([PasskeyRecord(**r) for r in records])
