@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 from bench_common import T5_DECODER_TOKENS, T5_SHAPE, decode_tokens, spec_list  # (this folder is sys.path[0])
 
+from rope_ext.cli.options import int_at_least, option
 from rope_ext.runs.values import comma_items, parse_lengths
 
 #: the default model's architecture (SmolLM2-135M)
@@ -276,27 +277,8 @@ def _summary(prefill, decode, configs, lengths, batches) -> list[dict]:
     return rows
 
 
-def _shown(parse):
-    """An argparse ``type`` whose ``ValueError`` message reaches the user (as ``rope_ext.cli.options.option`` does;
-    the CLI package is not imported here: it needs the evaluation's dependencies)."""
-
-    def convert(text: str):
-        try:
-            return parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return convert
-
-
 def _one_length(text: str) -> int:
     return parse_lengths(text)[0]
-
-
-def _at_least_one(text: str) -> int:
-    if int(text) < 1:
-        raise ValueError(f"must be at least 1, got {text}")
-    return int(text)
 
 
 def _batches(text: str) -> list[int]:
@@ -308,19 +290,19 @@ def _batches(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", default="16k,32k,64k,128k", type=_shown(parse_lengths))
-    parser.add_argument("--methods", default="rerope,leaky_rerope,self_extend,dca,string", type=_shown(spec_list))
+    parser.add_argument("--lengths", default="16k,32k,64k,128k", type=option(parse_lengths))
+    parser.add_argument("--methods", default="rerope,leaky_rerope,self_extend,dca,string", type=option(spec_list))
     parser.add_argument("--model", choices=["default", "t5"], default="default")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--rounds", type=_shown(_at_least_one), default=3)
-    parser.add_argument("--decode-length", type=_shown(_one_length), default=32768)
-    parser.add_argument("--decode-tokens", type=_shown(decode_tokens), default=None,
+    parser.add_argument("--rounds", type=int_at_least(1), default=3)
+    parser.add_argument("--decode-length", type=option(_one_length), default=32768)
+    parser.add_argument("--decode-tokens", type=option(decode_tokens), default=None,
                         help="greedy steps per round (0: no decode; default 32, and 0 with --model t5)")
-    parser.add_argument("--decode-batches", type=_shown(_batches), default=[1, 8])
+    parser.add_argument("--decode-batches", type=option(_batches), default=[1, 8])
     parser.add_argument("--profile", default=None, help="write the profiled kernel counts and times here (JSON)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: check the script on the CPU (with --layers), its numbers mean nothing")
-    parser.add_argument("--layers", type=_shown(_at_least_one), default=DEFAULT_SHAPE["num_hidden_layers"])
+    parser.add_argument("--layers", type=int_at_least(1), default=DEFAULT_SHAPE["num_hidden_layers"])
     parser.add_argument("--out", default="results/bench_attention_cuda.json")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """What the benchmark scripts share: their checks of ``--methods`` and ``--decode-tokens``, and the T5 they measure.
-Imports nothing of rope_ext's CLI or evaluation (``scripts/bench_attention_cuda.py`` runs where neither's
-dependencies are installed)."""
+Imports nothing of rope_ext's evaluation (``scripts/bench_attention_cuda.py`` runs where its dependencies, datasets
+and matplotlib, are not installed; ``rope_ext.cli.options`` needs neither, tests/test_layers.py)."""
 
 from __future__ import annotations
 

@@ -445,7 +445,13 @@ def test_a_learned_table_is_evaluated_at_its_own_lengths_beside_methods_that_rea
     assert {(r["method"], r["length"]) for r in summary} == {
         ("none", 32), ("none", 64), *((m, L) for m in ("abs_interp:factor=2", "alibi") for L in (32, 64)),
         ("alibi", 128)}
-    capsys.readouterr()
+    # the default --methods cut to what GPT-2 takes (no RoPE method), saying so
+    assert main(["eval", "ppl", "--model", str(tmp_path / "gpt2"), "--no-plot", "--out", str(tmp_path / "default"),
+                 "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64", "--target-tokens", "16"]) == 0
+    assert ("--methods (default none,yarn:factor=2,dynamic_ntk:factor=2,dca): yarn:factor=2, dynamic_ntk:factor=2, dca "
+            "left out: method 'yarn' needs a 'frequency' hook") in capsys.readouterr().out
+    rows = json.loads((tmp_path / "default" / "ppl.json").read_text())["summary"]
+    assert {r["method"] for r in rows} == {"none"}
     assert main(["eval", "passkey", *common, "--lengths", "57,58,120", "--depths", "0.5", "--trials", "1",
                  "--methods", "none,alibi"]) == 0
     assert ("lengths 58, 120 are left out for it (with the 7 positions of the answer)"  # (57 + 7 = 64 rows)

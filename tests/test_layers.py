@@ -182,3 +182,14 @@ def test_importing_the_package_imports_no_modeling_module_nor_the_training_libra
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
     assert out.stdout.split() == [], out.stdout
+
+
+def test_the_cli_parser_and_its_option_types_need_no_evaluation_library():
+    """``rope_ext.cli`` builds its parser, and a script imports ``rope_ext.cli.options``, without ``datasets`` or
+    ``matplotlib`` (a GPU image may lack them: scripts/bench_attention_cuda.py takes its argparse types from there);
+    each verb imports what it needs when it runs."""
+    code = ("import sys; sys.modules.update(datasets=None, matplotlib=None); import rope_ext.cli.options, rope_ext.cli; "
+            "rope_ext.cli.build_parser().parse_args(['eval', 'ppl', '--lengths', '2k']); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -11,6 +11,7 @@ import os
 import random
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -378,7 +379,9 @@ def test_every_missing_text_file_is_named_in_one_line(tmp_path, capsys):
         ("lora-r: 0\n", [], "--config {file}: lora_r: must be an integer >= 1, got 0"),
         ("packing: foo\n", [], "--config {file}: packing: 'foo' is not one of packed, document"),
         ("window: 256\ntarget_length: 128\n", [], "--config {file}: window 256 is above target_length 128: "),
-        ("window: 256\n", ["--target-length", "128"], "--config {file}: window 256 is above --target-length 128: "),
+        ("window: 256\n", ["--target-length", "128"], "window 256 is above --target-length 128: the window is trained at "
+         "positions below the target; give a window up to the target length, or a longer target (--target-length "
+         "from the command line, window from --config {file})\n"),  # (each named by where it came from)
         ("methods: yarn:factr=4\n", [], "--config {file}: methods 'yarn:factr=4': yarn: unknown option(s) factr; "),
         ("lora_r: 4\n", ["--lora-r", "0"], "--lora-r: must be an integer >= 1, got 0"),  # (the flag's value)
     ],
@@ -468,3 +471,125 @@ def test_methods_in_a_config_file_read_as_the_flag_writes_them(tmp_path, methods
     assert expected.format(file=file) in str(error.value)
     with pytest.raises(ValueError, match=r"^--methods 'yarn:factor=4,dca': a run trains under one spec"):
         FinetuneConfig.from_sources(None, {"methods": "yarn:factor=4,dca"})
+
+
+# --- a fourth trial: each value named by where it came from; missing inputs first; what rope-ext methods lists ------
+
+
+def test_an_unknown_lora_target_of_a_config_file_is_named_by_its_key(checkpoint, tmp_path, capsys):
+    model, files = checkpoint
+    file = tmp_path / "run.yaml"
+    file.write_text(f"model: {model}\ntext_files: [{files[0]}]\nwindow: 32\nlora_targets: q_proj,nope\n")
+    assert main(["finetune", "--config", str(file), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"rope-ext: error: --config {file}: lora_targets: LlamaForCausalLM has no linear layer named 'nope'; its "
+        "linear layers: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"
+    )
+    assert main(["finetune", "--config", str(file), "--lora-targets", "nope", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("rope-ext: error: --lora-targets: LlamaForCausalLM has")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("yaml", "flags", "message"), [
+    ("heads: 3\n", ["--hidden", "32"], "--hidden 32 must be a multiple of heads 3 (--hidden from the command line, "
+                                       "heads from --config {file})"),
+    ("hidden: 32\n", ["--heads", "3"], "hidden 32 must be a multiple of --heads 3 (--heads from the command line, "
+                                       "hidden from --config {file})"),
+    ("hidden: 32\nheads: 3\n", [], "--config {file}: hidden 32 must be a multiple of heads 3"),
+    ("", ["--hidden", "32", "--heads", "3"], "--hidden 32 must be a multiple of --heads 3"),
+])
+def test_a_flag_and_a_files_value_in_one_message_are_each_named_by_their_source(tmp_path, capsys, yaml, flags,
+                                                                                  message):
+    file = tmp_path / "run.yaml"
+    file.write_text(yaml)
+    assert main(["train", "--config", str(file), *flags, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"rope-ext: error: {message.format(file=file)}\n"
+
+
+def test_a_path_under_a_file_is_missing_too(tmp_path, capsys):
+    present = tmp_path / "present.txt"
+    present.write_text("words " * 50)
+    assert main(["eval", "ppl", "--text-files", f"{tmp_path}/a.txt", f"{present}/b.txt", f"{tmp_path}/c/d.txt",
+                 "--methods", "none", "--lengths", "64", "--target-tokens", "16", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"rope-ext: error: --text-files: {tmp_path}/a.txt, {present}/b.txt and {tmp_path}/c/d.txt not found\n"
+    )
+
+
+def test_a_missing_text_file_is_named_before_the_options_it_goes_with(tmp_path, capsys):
+    """(--target-tokens' default, 1024, is above --lengths 64: the file is what the user fixes first.)"""
+    assert main(["eval", "ppl", "--lengths", "64", "--text-files", f"{tmp_path}/a.txt", "--out",
+                 str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"rope-ext: error: --text-files: {tmp_path}/a.txt not found\n"
+
+
+def test_an_empty_text_is_no_names_for_a_list_whose_default_is_none(tmp_path, capsys):
+    from rope_ext.cli import build_parser
+    from rope_ext.cli.options import config_flags
+
+    file = tmp_path / "run.yaml"
+    file.write_text("exclude: ''\ntrainable: ''\n")
+    assert FinetuneConfig.from_sources(file).exclude == [] and FinetuneConfig.from_sources(file).trainable == []
+    file.write_text("exclude: [Genesis]\n")
+    args = build_parser().parse_args(["train", "--config", str(file), "--exclude", ""])
+    assert TrainConfig.from_sources(args.config, config_flags(args, TrainConfig)).exclude == []  # (the file's: off)
+    file.write_text("text_files: ''\n")  # (no default names: '' is not "none", leave the option out)
+    with pytest.raises(ValueError, match="text_files: give comma-separated names"):
+        TrainConfig.from_sources(file)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "the books an evaluation scores) (default: '');" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_runs_saved_options_hold_its_folder_resolved(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    finetune(finetune_config(checkpoint, "run", methods="none", max_steps=1))
+    saved = json.loads((tmp_path / "run" / "finetune_config.json").read_text())
+    assert saved["out"] == str((tmp_path / "run").resolve()) and saved["model"] == str(Path(checkpoint[0]).resolve())
+
+
+def test_methods_lists_no_option_the_method_refuses(capsys):
+    assert main(["methods", "pi"]) == 0
+    assert "original_max_position_embeddings" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="pi: original_max_position_embeddings has no effect"):
+        rope_ext.methods.make_config("pi:factor=2:original_max_position_embeddings=4096")
+
+
+def test_methods_of_a_method_without_options(capsys):
+    from dataclasses import dataclass
+
+    from rope_ext.methods import MethodConfig, register_method, unregister_method
+
+    @dataclass(frozen=True)
+    class Plain(MethodConfig):
+        method: ClassVar[str] = "toy_plain"
+        hook: ClassVar[str] = "frequency"
+        summary: ClassVar[str] = "A toy method of no options."
+
+    register_method(Plain)
+    try:
+        assert main(["methods", "toy_plain"]) == 0
+    finally:
+        unregister_method("toy_plain")
+    assert capsys.readouterr().out == (
+        "toy_plain (hook kind: frequency)\n\nA toy method of no options.\n\nno options (a spec names it alone: toy_plain)\n"
+    )
+
+
+@pytest.mark.parametrize(("yaml", "flags", "message"), [
+    ("text_files: [{missing}]\n", [], "--config {file}: text_files: {missing} not found"),
+    ("", ["--text-files", "{missing}"], "--text-files: {missing} not found"),
+    ("text_files: [{doc}]\nexclude: [nowhere]\n", [], "--config {file}: document 'nowhere' (exclude) is not in the "
+                                                      "data; its documents: doc0.txt"),
+    ("text_files: [{doc}]\n", ["--eval-document", "nowhere", "--eval-target-tokens", "8"], "document 'nowhere' (--eval-document) is not in the "
+                                                               "data; its documents: doc0.txt"),
+    ("text_files: [{doc}]\nmicro_batch: 1000\n", [], "--config {file}: micro_batch 1000: the training text makes "),
+])
+def test_a_data_error_names_the_option_as_it_was_given(checkpoint, tmp_path, capsys, yaml, flags, message):
+    model, files = checkpoint
+    file = tmp_path / "run.yaml"
+    names = {"missing": tmp_path / "missing.txt", "doc": files[0], "file": file}
+    file.write_text(yaml.format(**names) + "window: 32\n")
+    argv = [flag.format(**names) for flag in flags]
+    assert main(["train", "--config", str(file), "--tokenizer", str(model), *argv, "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"rope-ext: error: {message.format(**names)}")

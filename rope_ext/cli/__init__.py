@@ -11,12 +11,12 @@ Method specs: name[:key=value...], methods of different hook kinds combined with
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 
-from rope_ext.cli.evaluate import cmd_eval_passkey, cmd_eval_ppl, cmd_plot
-from rope_ext.cli.listing import cmd_families, cmd_methods
 from rope_ext.cli.options import (
     MAX_TRIALS,
     Parser,
@@ -33,7 +33,6 @@ from rope_ext.cli.options import (
     seed,
     writable_folder,
 )
-from rope_ext.cli.training import cmd_finetune, cmd_merge, cmd_train
 from rope_ext.eval.plan import PROTOCOLS
 from rope_ext.train.config import FinetuneConfig, TrainConfig
 
@@ -47,6 +46,17 @@ DEFAULT_LENGTHS = "4k,8k,12k"
 
 
 
+def command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A verb's function, imported when it runs: building the parser (and importing ``rope_ext.cli.options`` from
+    a script) needs no evaluation or training library."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"rope_ext.cli.{module}"), name)(args)
+
+    run.__name__ = name
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rope-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "methods", help="list the registered methods; with a NAME, its summary and its options with their meanings"
     )
     methods.add_argument("name", nargs="?", help="a method: its summary and its options (type, default, meaning)")
-    methods.set_defaults(func=cmd_methods)
-    sub.add_parser("families", help="list the supported model families").set_defaults(func=cmd_families)
+    methods.set_defaults(func=command("listing", "cmd_methods"))
+    sub.add_parser("families", help="list the supported model families").set_defaults(func=command("listing", "cmd_families"))
 
     evaluate = sub.add_parser("eval", help="evaluate methods").add_subparsers(dest="evaluation", required=True)
     ppl = evaluate.add_parser("ppl", help="perplexity vs context length")
@@ -92,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument(
         "--documents", type=int_at_least(1), default=1, help="at most this many documents, longest first (default: 1)"
     )
-    ppl.set_defaults(func=cmd_eval_ppl)
+    ppl.set_defaults(func=command("evaluate", "cmd_eval_ppl"))
 
     passkey = evaluate.add_parser("passkey", help="passkey retrieval over a length x depth grid")
     add_model_options(passkey, "none,yarn:factor=2,dynamic_ntk:factor=2", "4k,8k,12k", "results/passkey")
@@ -104,14 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--trials", type=int_at_least(1, MAX_TRIALS), default=2, help="keys per cell (default: %(default)s)"
     )
     passkey.add_argument("--seed", type=option(seed), default=0, help="chooses the keys (default: %(default)s)")
-    passkey.set_defaults(func=cmd_eval_passkey)
+    passkey.set_defaults(func=command("evaluate", "cmd_eval_passkey"))
 
     tune = sub.add_parser(
         "finetune", parents=[config_parser(FinetuneConfig)], help="fine-tune a patched model for a longer context (LoRA via peft, PoSE, S2-Attn; accelerate)",
         description="Fine-tune a patched model (rope_ext.train). Options come from --config (YAML) and flags; a re-run "
         "with the same options resumes from the folder's newest checkpoint. Runs under `accelerate launch` as well.",
     )
-    tune.set_defaults(func=cmd_finetune)
+    tune.set_defaults(func=command("training", "cmd_finetune"))
 
     training = sub.add_parser(
         "train", parents=[config_parser(TrainConfig)], help="train a small model from scratch under a position method (GPT-2, Llama, T5 or DeBERTa; accelerate)",
@@ -120,17 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(alibi, kerple, sandwich, fire, xpos...), to test it past its training length. Options come from --config "
         "(YAML) and flags; a re-run with the same options resumes. Runs under `accelerate launch` as well.",
     )
-    training.set_defaults(func=cmd_train)
+    training.set_defaults(func=command("training", "cmd_train"))
 
     merging = sub.add_parser("merge", help="merge a fine-tune's LoRA adapter into its base: a standalone patched model")
     merging.add_argument("folder", type=option(nonempty), help="the --out folder of rope-ext finetune")
     merging.add_argument("out", type=option(writable_folder), help="where the merged model is written")
     merging.add_argument("--overwrite", action="store_true", help="write into a folder that is not empty")
-    merging.set_defaults(func=cmd_merge)
+    merging.set_defaults(func=command("training", "cmd_merge"))
 
     plot = sub.add_parser("plot", help="draw the plots of a results folder")
     plot.add_argument("results", type=option(nonempty), help="a results folder (the --out of rope-ext eval)")
-    plot.set_defaults(func=cmd_plot)
+    plot.set_defaults(func=command("evaluate", "cmd_plot"))
     return parser
 
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from rope_ext.cli.options import joined
-from rope_ext.eval.data import load_documents, tokenize_documents
+from rope_ext.eval.data import check_text_files, load_documents, tokenize_documents
 from rope_ext.eval.passkey import ANSWER_POSITIONS, prompt_overhead
 from rope_ext.eval.plan import (
     PPL_LABELS,
@@ -30,6 +30,7 @@ from rope_ext.eval.run import (
     run_passkey,
     run_perplexity,
 )
+from rope_ext.families.base import find_family
 from rope_ext.runs.folder import holds_model, normalised, writable_folder
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
@@ -57,6 +58,24 @@ def choose_methods(args: argparse.Namespace) -> None:
               "others, e.g. --methods saved,none)")
     else:
         args.methods = parse_methods(args.default_methods)
+        args.methods_by_default = True
+
+
+def fitting_defaults(model: object, args: argparse.Namespace) -> None:
+    """The default ``--methods`` cut to those the model's family takes (GPT-2 takes no RoPE method), saying which
+    were left out; methods the user gave are checked, and refused, as given."""
+    if not getattr(args, "methods_by_default", False):
+        return
+    try:
+        support = find_family(model).support(model)
+    except ValueError:  # (no family: check_methods says so)
+        return
+    unfit = {spec: next(c.method for c in configs if not support.fits(c.method))
+             for spec, configs in args.methods.items() if not all(support.fits(c.method) for c in configs)}
+    if unfit:
+        args.methods = {spec: configs for spec, configs in args.methods.items() if spec not in unfit}
+        print(f"--methods (default {args.default_methods}): {', '.join(unfit)} left out: "
+              f"{support.reason(next(iter(unfit.values())))}")
 
 
 def print_table(rows: list[dict], value: str, fmt: str, title: str) -> None:
@@ -83,10 +102,11 @@ def finish(args: argparse.Namespace, out: Path) -> None:
 
 def cmd_eval_ppl(args: argparse.Namespace) -> int:
     # every check before anything is written: a failed run must not leave a configuration behind
+    if args.text_files:  # (comma- or space-separated; a file missing is named before the options it would go with)
+        args.text_files = joined(args.text_files)
+        check_text_files(args.text_files)
     check_ppl_options(args)
     check_out(args.out)
-    if args.text_files:  # (comma- or space-separated)
-        args.text_files = joined(args.text_files)
     choose_methods(args)
     site_options = site_options_of(args)  # (checked before the model loads)
     given = [option for option, value in (("--split", args.split), ("--text-column", args.text_column)) if value]
@@ -96,6 +116,7 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     store = ResultStore(args.out, "ppl", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     data = load_documents(args.dataset, args.text_files, args.split, args.text_column)
     model, tokenizer, native = load_for_evaluation(args)
+    fitting_defaults(model, args)
     every = tokenize_documents(data, tokenizer)
     lengths = args.lengths
     # resuming: the folder's lengths decide the targets with this run's, so that lengths can be added alone
@@ -148,6 +169,7 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
     site_options = site_options_of(args)  # (checked before the model loads)
     store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     model, tokenizer, native = load_for_evaluation(args)
+    fitting_defaults(model, args)
     overhead = prompt_overhead(tokenizer)
     if args.lengths[0] < overhead:
         raise ValueError(

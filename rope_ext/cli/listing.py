@@ -46,7 +46,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
     print(textwrap.fill(plain(cls.summary) or "(no description)", WIDTH, break_on_hyphens=False) + "\n")
     fields = {field.name: field for field in dataclasses.fields(cls)}
     rows = []
-    for name in cls.option_names():
+    listed = [name for name in cls.option_names() if name not in cls.unused_shared_options]  # (not those it refuses)
+    for name in listed:
         field = fields[name]
         if field.default is not dataclasses.MISSING:
             default = field.default
@@ -61,6 +62,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
         if required and kind.endswith(" | None"):  # (None only stands for "not given", which is refused)
             kind = kind[: -len(" | None")]
         rows.append((name, kind, "(required)" if required else repr(default), plain(meaning_of(field))))
+    if not rows:
+        print(f"no options (a spec names it alone: {cls.method})")
+        return 0
     print("options (set in a spec as name:option=value):")
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     indent = " " * 6

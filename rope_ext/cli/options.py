@@ -12,7 +12,15 @@ from typing import Any, NoReturn
 
 from rope_ext.runs.folder import writable_folder
 from rope_ext.runs.specs import parse_methods
-from rope_ext.runs.values import PARSERS, comma_items, field_kinds, name_list, nonempty, parse_length, parse_lengths
+from rope_ext.runs.values import (
+    comma_items,
+    field_kinds,
+    name_list,
+    nonempty,
+    parse_length,
+    parse_lengths,
+    parser_of,
+)
 from rope_ext.train.config import MAX_THREADS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -133,17 +141,17 @@ def config_parser(cls: type) -> argparse.ArgumentParser:
     for action in parser._actions:
         if action.dest not in fields or action.option_strings[0].startswith("--no"):
             continue
-        f, (kind, _) = fields[action.dest], kinds[action.dest]
+        f, (kind, optional) = fields[action.dest], kinds[action.dest]
         action.option_strings.sort(key=lambda flag: "_" in flag)  # (--lora-r shown first, --lora_r kept)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        shown = ",".join(default) if isinstance(default, list) else default
+        shown = (",".join(default) or "''") if isinstance(default, list) else default
         if "default" not in (action.help or ""):
             action.help = f"{action.help or ''} (default: {shown})"
         if kind == "list":
             action.help += "; comma- or space-separated"
             action.choices = None  # (each name is checked with the configuration)
-        if kind in PARSERS:
-            action.type = option(PARSERS[kind])
+        if (parse := parser_of(kind, optional)) is not None:
+            action.type = option(parse)
         action.default = None
     return parser
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 KJV_INSTALL_HINT = (
     "the King James Bible text is not installed: run `make setup` or "
@@ -26,6 +28,8 @@ def kjv_text() -> str:
 
 def kjv_books() -> Dataset:
     """One row per book: ``title`` (e.g. ``"Genesis"``) and ``text`` (its chapters and verses)."""
+    from datasets import Dataset
+
     titles: list[str] = []
     texts: list[list[str]] = []
     for line in kjv_text().splitlines():

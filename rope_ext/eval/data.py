@@ -8,12 +8,14 @@ import stat
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from datasets import Dataset, load_dataset, load_from_disk
 
 from rope_ext.eval.corpus import kjv_books
+
+if TYPE_CHECKING:  # (datasets is imported where documents are loaded: the CLI's parser and options need none)
+    from datasets import Dataset
 
 
 @dataclass
@@ -44,25 +46,12 @@ def load_documents(
     (default ``train``; a saved ``Dataset`` is one split and takes none); ``text_files`` are plain-text files,
     one document each, known by their file names; neither means the King James Bible, one document per book.
     """
+    from datasets import load_dataset, load_from_disk
+
     if dataset and text_files:
         raise ValueError("give --dataset or --text-files, not both")
     if text_files:
-        missing = [path for path in text_files if _missing(path)]
-        if missing:  # (every one named: a user fixes them all at once)
-            raise FileNotFoundError(f"--text-files: {_and(missing)} not found")
-        for path in text_files:
-            _check_text_file(path)
-        titles = [os.path.basename(os.path.normpath(path)) for path in text_files]
-        real = [os.path.realpath(path) for path in text_files]
-        for i, path in enumerate(text_files):
-            for j in range(i):
-                if real[i] == real[j]:
-                    raise ValueError(f"--text-files: {text_files[j]} and {path} are the same file; give it once")
-                if titles[i] == titles[j]:
-                    raise ValueError(
-                        f"--text-files: {text_files[j]} and {path} are both named {titles[i]!r}, and a document is "
-                        "known by its file's name (in the records and tables): rename or copy one"
-                    )
+        titles = check_text_files(text_files)
         for path in text_files:
             try:
                 with open(path, encoding="utf-8") as handle:
@@ -115,16 +104,40 @@ def load_documents(
     return data.select_columns(["title", "text"])
 
 
+def check_text_files(text_files: list[str]) -> list[str]:
+    """The documents' titles (their file names), once every file is there, a readable non-empty regular file, and
+    given once under its name; else an ``OSError`` or ``ValueError`` naming every file missing, or the first other
+    problem. (Nothing is read: ``load_documents`` checks the text.)"""
+    missing = [path for path in text_files if _missing(path)]
+    if missing:  # (every one named: a user fixes them all at once)
+        raise FileNotFoundError(f"--text-files: {_and(missing)} not found")
+    for path in text_files:
+        _check_text_file(path)
+    titles = [os.path.basename(os.path.normpath(path)) for path in text_files]
+    real = [os.path.realpath(path) for path in text_files]
+    for i, path in enumerate(text_files):
+        for j in range(i):
+            if real[i] == real[j]:
+                raise ValueError(f"--text-files: {text_files[j]} and {path} are the same file; give it once")
+            if titles[i] == titles[j]:
+                raise ValueError(
+                    f"--text-files: {text_files[j]} and {path} are both named {titles[i]!r}, and a document is "
+                    "known by its file's name (in the records and tables): rename or copy one"
+                )
+    return titles
+
+
 def _and(names: list[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _missing(path: str) -> bool:
-    """Nothing at ``path`` (a path that cannot be looked at is not missing: ``_check_text_file`` says why)."""
+    """Nothing at ``path``, also under a file (``doc.txt/x``); a path that cannot be looked at is not missing
+    (``_check_text_file`` says why)."""
     try:
         os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return True
     except OSError:
         pass

@@ -17,7 +17,6 @@ from matplotlib.ticker import LogFormatterSciNotation
 
 from rope_ext.runs.results import load_results
 
-
 #: heatmaps per row of the passkey figure
 PASSKEY_COLUMNS = 5
 

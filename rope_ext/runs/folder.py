@@ -27,7 +27,7 @@ from rope_ext.installers.params import PARAMS_ATTR
 from rope_ext.runs.specs import one_spec
 
 #: the options that name local paths, compared resolved
-PATH_OPTIONS = ("model", "tokenizer", "dataset", "text_files")
+PATH_OPTIONS = ("model", "tokenizer", "dataset", "text_files", "out")
 
 
 def writable_folder(text: str) -> str:

@@ -9,7 +9,7 @@ import dataclasses
 import math
 import re
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,24 @@ def nonempty(text: str) -> str:
     return text
 
 
+def names_or_none(text: str) -> list[str]:
+    """As ``name_list``, an empty text being no names (a list option whose default is none: ``--exclude ''``)."""
+    return name_list(text) if text.strip() else []
+
+
 #: how a text becomes a value of each kind (a flag's text, or a string where a YAML file gives one)
 PARSERS = {"int": integer, "float": number, "list": name_list, "str": nonempty, "bool": boolean}
+
+
+def parser_of(kind: str, optional: bool) -> Callable[[str], Any] | None:
+    """How a text becomes a value of an option of ``kind``, alike for a flag and a YAML file: a list that is not
+    optional (its default: no names) takes an empty text as none; an optional one (``None``: not given) refuses it."""
+    return names_or_none if kind == "list" and not optional else PARSERS.get(kind)
+
+
+def option_flag(name: str) -> str:
+    """The flag of the option ``name``: ``lora_r`` -> ``--lora-r``."""
+    return "--" + name.replace("_", "-")
 
 
 def field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
@@ -117,22 +133,38 @@ def field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
     return kinds
 
 
-def parse_text(kind: str, text: Any) -> Any:
-    """``text`` as a value of ``kind`` when it is a string (else as it is)."""
-    return PARSERS[kind](text) if isinstance(text, str) and kind in PARSERS else text
+def parse_text(kind: str, text: Any, optional: bool = True) -> Any:
+    """``text`` as a value of ``kind`` when it is a string (else as it is); ``optional`` as ``parser_of``'s."""
+    parse = parser_of(kind, optional)
+    return parse(text) if isinstance(text, str) and parse else text
+
+
+def _flag_in(name: str) -> str:
+    """A pattern of ``name``'s flag as a whole word of a message."""
+    return rf"(?<![\w-]){re.escape(option_flag(name))}(?![\w-])"
 
 
 @contextlib.contextmanager
-def named_as_in_file(file: str | Path | None, names: Iterable[str]) -> Iterator[None]:
-    """A ``ValueError`` raised inside names the options ``names``, which the YAML ``file`` gave, by the file's keys,
-    not as the flags the user never typed: ``--lora-r: must be an integer >= 1`` becomes ``--config run.yaml: lora_r:
-    must be an integer >= 1``."""
+def named_as_in_file(file: str | Path | None, names: Iterable[str], flags: Iterable[str] = ()) -> Iterator[None]:
+    """A ``ValueError`` (or ``OSError``: a file not found) raised inside names the options ``names``, which the YAML
+    ``file`` gave, by the file's keys, not as the flags the user never typed: ``--lora-r: must be an integer >= 1``
+    becomes ``--config run.yaml: lora_r: must be an integer >= 1``. Where the message names options ``flags`` gave
+    too, it says which came from where: ``--hidden 30 must be a multiple of heads 4 (--hidden from the command line,
+    heads from --config run.yaml)``."""
     try:
         yield
-    except ValueError as error:
+    except (ValueError, OSError) as error:
         message = str(error)
-        for name in names:
-            message = re.sub(rf"(?<![\w-])--{re.escape(name.replace('_', '-'))}(?![\w-])", name, message)
-        if file is None or message == str(error):
+        renamed = [name for name in names if re.search(_flag_in(name), message)]
+        if file is None or not renamed:
             raise
-        raise ValueError(f"--config {file}: {message}") from None
+        for name in renamed:
+            message = re.sub(_flag_in(name), name, message)
+        flagged = [option_flag(name) for name in flags if re.search(_flag_in(name), message)]
+        if flagged:
+            message += f" ({', '.join(flagged)} from the command line, {', '.join(renamed)} from --config {file})"
+        else:
+            message = f"--config {file}: {message}"
+        if isinstance(error, OSError):  # (FileNotFoundError stays one; a library's own subclass: OSError)
+            raise (type(error) if type(error).__module__ == "builtins" else OSError)(message) from None
+        raise ValueError(message) from None

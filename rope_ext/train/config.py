@@ -17,7 +17,7 @@ from rope_ext.eval.objectives import check_target_tokens
 from rope_ext.methods import MethodConfig
 from rope_ext.methods.wrappers import s2_group_size
 from rope_ext.runs.specs import listed_spec, one_spec
-from rope_ext.runs.values import field_kinds, named_as_in_file, parse_text
+from rope_ext.runs.values import field_kinds, named_as_in_file, option_flag, parse_text
 
 PACKING = ("packed", "document")
 TRAINABLE = ("embeddings", "norms")
@@ -94,6 +94,9 @@ class LoopConfig:
         ("max_grad_norm", 0, True, None, False),
     )
 
+    #: where ``from_sources`` read the options: the YAML file, the options it gave, those flags gave
+    sources: ClassVar[tuple[str | Path | None, tuple[str, ...], tuple[str, ...]]] = (None, (), ())
+
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -115,10 +118,11 @@ class LoopConfig:
                     for name in replaced:
                         if name not in given:
                             values.pop(name, None)
-        from_file = [name for name in values if name not in given]
+        sources = (file, tuple(name for name in values if name not in given), tuple(given))
         values.update(given)
-        with named_as_in_file(file, from_file):  # (a bad value of the file's named as its key, not as a flag)
+        with named_as_in_file(*sources):  # (a bad value of the file's named as its key, not as a flag)
             config = cls(**values)
+            config.sources = sources
             config.check()
             # (a run's saved options hold every default: Adam's beta2 refused with SGD only where it is another value)
             if values.get("adam_beta2") not in (None, cls.adam_beta2) and config.optimizer == "sgd":
@@ -139,47 +143,47 @@ class LoopConfig:
             kind, optional = kinds[name]
             if value is None:
                 if not optional:
-                    raise ValueError(f"{_flag(name)}: give a value")
+                    raise ValueError(f"{option_flag(name)}: give a value")
                 continue
             if kind == "list":
                 if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-                    raise ValueError(f"{_flag(name)}: give a list of names, got {value!r}")
+                    raise ValueError(f"{option_flag(name)}: give a list of names, got {value!r}")
                 value = [v.strip() for v in value]
                 setattr(self, name, value)
             elif kind == "bool":
                 if not isinstance(value, bool):
-                    raise ValueError(f"{_flag(name)}: give true or false, got {value!r}")
+                    raise ValueError(f"{option_flag(name)}: give true or false, got {value!r}")
             elif kind == "int":
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"{_flag(name)}: give an integer, got {value!r}")
+                    raise ValueError(f"{option_flag(name)}: give an integer, got {value!r}")
             elif kind == "float":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    raise ValueError(f"{_flag(name)}: give a number, got {value!r}")
+                    raise ValueError(f"{option_flag(name)}: give a number, got {value!r}")
                 setattr(self, name, float(value))
             elif kind == "str":
                 if not isinstance(value, str) or not value.strip():
-                    raise ValueError(f"{_flag(name)}: give a non-empty text, got {value!r}")
+                    raise ValueError(f"{option_flag(name)}: give a non-empty text, got {value!r}")
             choices = f.metadata.get("choices")
             if choices:
                 bad = [v for v in (value if isinstance(value, list) else [value]) if v not in choices]
                 if bad:
-                    raise ValueError(f"{_flag(name)}: {bad[0]!r} is not one of {', '.join(choices)}")
+                    raise ValueError(f"{option_flag(name)}: {bad[0]!r} is not one of {', '.join(choices)}")
         for name, low in self.AT_LEAST.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
-                raise ValueError(f"{_flag(name)}: must be an integer >= {low}, got {getattr(self, name)}")
+                raise ValueError(f"{option_flag(name)}: must be an integer >= {low}, got {getattr(self, name)}")
         if self.threads > MAX_THREADS:
             raise ValueError(f"--threads: must be an integer in [0, {MAX_THREADS}] (0: torch's choice), got {self.threads}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"--seed: must be an integer in [0, 2**32 - 1], got {self.seed}")
         if self.text_files == []:
-            raise ValueError(f"{_flag('text_files')}: an empty list; give at least one name, or leave the option out")
+            raise ValueError(f"{option_flag('text_files')}: an empty list; give at least one name, or leave the option out")
         for name, low, low_in, high, high_in in self.RANGES:
             value = getattr(self, name)
             below = value < low or (value == low and not low_in)
             above = high is not None and (value > high or (value == high and not high_in))
             if below or above:
                 bounds = f"{'[' if low_in else '('}{low}, {'inf' if high is None else high}{']' if high_in else ')'}"
-                raise ValueError(f"{_flag(name)}: must be in {bounds}, got {value}")
+                raise ValueError(f"{option_flag(name)}: must be in {bounds}, got {value}")
         if self.dataset and self.text_files:
             raise ValueError("give --dataset or --text-files, not both")
         if self.split and not self.dataset:
@@ -244,7 +248,7 @@ class FinetuneConfig(LoopConfig):
             raise ValueError(f"--target-length: must be an integer >= 2, got {self.target_length}")
         super().check()
         if self.lora_targets == []:
-            raise ValueError(f"{_flag('lora_targets')}: an empty list; give at least one name, or leave the option out")
+            raise ValueError(f"{option_flag('lora_targets')}: an empty list; give at least one name, or leave the option out")
         if self.target_length is not None and self.target_length < self.window:
             raise ValueError(
                 f"--window {self.window} is above --target-length {self.target_length}: the window is trained at "
@@ -255,7 +259,7 @@ class FinetuneConfig(LoopConfig):
             given = [name for name in ("trainable", "lora_targets") if getattr(self, name)]
             given += [name for name in ("lora_r", "lora_alpha", "lora_dropout") if getattr(self, name) != defaults[name]]
             if given:
-                raise ValueError(f"{_flag(given[0])}: a LoRA option, but --full trains every parameter; leave one out")
+                raise ValueError(f"{option_flag(given[0])}: a LoRA option, but --full trains every parameter; leave one out")
         if self.pose and self.target <= self.window:
             raise ValueError(
                 f"--pose: PoSE's positions skip ahead up to --target-length, which is the window ({self.window}) here; "
@@ -352,10 +356,6 @@ class TrainConfig(LoopConfig):
         return OBJECTIVES[self.architecture]
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
     """The keys of a YAML run file, checked against ``cls``'s fields (``lora-r`` and ``lora_r`` both name one)."""
     import yaml
@@ -382,10 +382,10 @@ def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
             raise ValueError(f"--config {path}: {name!r} is given twice (as {name} and {name.replace('_', '-')})")
         if name not in names:
             raise ValueError(f"--config {path}: unknown option {key!r}; options: {', '.join(sorted(names))}")
-        kind = kinds[name][0]
+        kind, optional = kinds[name]
         try:  # (lengths as the evaluation writes them: 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names
             if kind in ("list", "int", "float", "bool") and isinstance(value, str):  # comma-separated; quoted 'no')
-                value = parse_text(kind, value)
+                value = parse_text(kind, value, optional)
             elif name == "methods" and isinstance(value, list):
                 value = listed_spec(value)
         except ValueError as error:

@@ -45,9 +45,8 @@ def load_training_text(
     unknown = [t for t in asked if t not in titles]
     if unknown:
         shown = ", ".join(titles[:12]) + (", ..." if len(titles) > 12 else "")
-        raise ValueError(
-            f"document {unknown[0]!r} (--exclude / --eval-document) is not in the data; its documents: {shown}"
-        )
+        option = "--eval-document" if unknown[0] == eval_document else "--exclude"
+        raise ValueError(f"document {unknown[0]!r} ({option}) is not in the data; its documents: {shown}")
     held_out = next((d for d in documents if d.title == eval_document), None) if eval_document else None
     left_out = set(asked)
     train = [d for d in documents if d.title not in left_out]

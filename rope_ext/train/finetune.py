@@ -32,11 +32,13 @@ from rope_ext.families.limits import position_limit
 from rope_ext.methods import get_method_class
 from rope_ext.runs.folder import CONFIG_FILE, RUN_FILE, check_folder, complete_run, resolved_options
 from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
+from rope_ext.runs.values import named_as_in_file
 from rope_ext.train.config import FinetuneConfig, methods_of
 from rope_ext.train.data import Collator, WindowDataset, run_text
-from rope_ext.train.lora import count_parameters, default_targets, lora_model
 from rope_ext.train.loop import begin_run
+from rope_ext.train.lora import count_parameters, default_targets, lora_model
 from rope_ext.train.run import run_record, train_into_folder
+
 
 def _training_patch(config: FinetuneConfig) -> list:
     methods = methods_of(config)
@@ -130,12 +132,13 @@ class FinetuneRun:
 
 def finetune(config: FinetuneConfig, *, overwrite: bool = False, on_step=None) -> FinetuneRun:
     """Run (or resume) a fine-tune into ``config.out``."""
-    config.check()
-    resumed = check_folder(config, overwrite)
-    done = complete_run(config, resumed, RUN_FILE)
-    if done is not None:
-        return FinetuneRun(done, None)
-    parts = prepare(config)
+    with named_as_in_file(*config.sources):  # (an option of the YAML file named as its key, as in from_sources)
+        config.check()
+        resumed = check_folder(config, overwrite)
+        done = complete_run(config, resumed, RUN_FILE)
+        if done is not None:
+            return FinetuneRun(done, None)
+        parts = prepare(config)
     say = f"training {parts['parameters']['trainable']:,} of {parts['parameters']['total']:,} parameters on " \
           f"{len(parts['dataset'])} windows of {config.window} tokens ({len(parts['text'].train)} documents)" \
           + (f", PoSE positions below {config.target}" if config.pose else "")

@@ -28,10 +28,11 @@ from rope_ext.eval.data import load_documents
 from rope_ext.eval.objectives import with_objective_tokens
 from rope_ext.runs.folder import TRAIN_CONFIG_FILE, TRAIN_RUN_FILE, check_folder, complete_run, resolved
 from rope_ext.runs.models import load_tokenizer
+from rope_ext.runs.values import named_as_in_file
 from rope_ext.train.config import TrainConfig, methods_of
 from rope_ext.train.data import Collator, ObjectiveCollator, WindowDataset, run_text
-from rope_ext.train.lora import count_parameters
 from rope_ext.train.loop import begin_run
+from rope_ext.train.lora import count_parameters
 from rope_ext.train.run import run_record, train_into_folder
 
 RUN_FILE = TRAIN_RUN_FILE
@@ -137,12 +138,13 @@ class TrainRun:
 def train(config: TrainConfig, *, overwrite: bool = False, on_step=None) -> TrainRun:
     """Train (or resume) a model from scratch into ``config.out``."""
 
-    config.check()
-    resumed = check_folder(config, overwrite, CONFIG_FILE, "rope-ext train")
-    done = complete_run(config, resumed, RUN_FILE)
-    if done is not None:
-        return TrainRun(done, None)
-    parts = prepare(config)
+    with named_as_in_file(*config.sources):  # (an option of the YAML file named as its key, as in from_sources)
+        config.check()
+        resumed = check_folder(config, overwrite, CONFIG_FILE, "rope-ext train")
+        done = complete_run(config, resumed, RUN_FILE)
+        if done is not None:
+            return TrainRun(done, None)
+        parts = prepare(config)
     say = (f"training a {config.architecture} of {parts['parameters']['total']:,} parameters"
            f"{'' if config.methods == 'none' else ' under ' + config.methods} on {len(parts['dataset'])} windows "
            f"of {config.window} tokens ({len(parts['text'].train)} documents)")
