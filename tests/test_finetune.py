@@ -52,7 +52,7 @@ def checkpoint(tmp_path_factory):
 
 def _config(checkpoint, out, **options) -> FinetuneConfig:
     model, files = checkpoint
-    values = dict(model=str(model), text_files=files[:2], methods="yarn:factor=4", window=32, target_length=128,
+    values = dict(model=str(model), text_files=files[:2], methods="yarn:factor=4", sequence_length=32, target_length=128,
                   max_steps=6, save_every=0, micro_batch=2, lora_dropout=0.0, lr=1e-3, warmup_steps=0, out=str(out))
     values.update(options)
     config = FinetuneConfig(**values)
@@ -310,14 +310,16 @@ def test_yaml_and_flags_override_in_one_style(checkpoint, tmp_path):
     model, files = checkpoint
     path = tmp_path / "run.yaml"
     path.write_text(f"model: {model}\nmethods: [yarn:factor=4+dca]\nwindow: 1k\nlora-r: 4\ntext_files: {files[0]}\n")
-    assert read_yaml(path) == {"model": str(model), "methods": "yarn:factor=4+dca", "window": 1024, "lora_r": 4,
-                               "text_files": [files[0]]}
+    # (window: the old name of sequence_length, still read)
+    assert read_yaml(path, FinetuneConfig) == {"model": str(model), "methods": "yarn:factor=4+dca",
+                                               "sequence_length": 1024, "lora_r": 4, "text_files": [files[0]]}
     config = FinetuneConfig.from_sources(path, {"lora_r": 16, "lr": None})
-    assert (config.lora_r, config.window, config.lr) == (16, 1024, FinetuneConfig.lr)
+    assert (config.lora_r, config.sequence_length, config.lr) == (16, 1024, FinetuneConfig.lr)
 
 
 BAD_INPUTS = [
-    (["--window", "256", "--target-length", "128"], r"--window 256 is above --target-length 128"),
+    (["--sequence-length", "256", "--target-length", "128"], r"--sequence-length 256 is above --target-length 128"),
+    (["--window", "256", "--target-length", "128"], r"--sequence-length 256 is above"),  # (the old flag still works)
     (["--lora-targets", "q_proj,query"], r"no linear layer named 'query'; its linear layers: q_proj, k_proj"),
     (["--trainable", "embeddings,heads"], r"--trainable: 'heads' is not one of embeddings, norms"),
     (["--methods", "yarn:factr=4"], r"unknown option"),
@@ -328,7 +330,7 @@ BAD_INPUTS = [
     (["--eval-every", "5"], r"--eval-every: give --eval-document"),
     (["--eval-document", "nowhere.txt", "--eval-target-tokens", "16"], r"document 'nowhere.txt' .* is not in the data; its documents: doc0.txt"),
     (["--exclude", "doc0.txt,doc1.txt"], r"no document is left to train on"),
-    (["--window", "4k", "--target-length", "8k"], r"holds no window of 4096 tokens"),
+    (["--sequence-length", "4k", "--target-length", "8k"], r"holds no window of 4096 tokens"),
     (["--micro-batch", "100"], r"--micro-batch 100: the training text makes 37 window\(s\) of 32 tokens"),
     (["--full", "--trainable", "norms"], r"--trainable: a LoRA option, but --full trains every parameter"),
     (["--full", "--lora-r", "4"], r"--lora-r: a LoRA option, but --full trains every parameter"),
@@ -336,11 +338,11 @@ BAD_INPUTS = [
     (["--mixed-precision", "fp16"], r"--mixed-precision fp16: accelerate runs fp16 on GPUs only"),
     (["--target-length", "1"], r"--target-length: must be an integer >= 2, got 1"),
     (["--seed", "-1"], r"--seed: must be an integer in \[0, 2\*\*32 - 1\], got -1"),
-    (["--pose", "--target-length", "32"], r"--pose: PoSE's positions skip ahead up to --target-length, which is the window \(32\)"),
+    (["--pose", "--target-length", "32"], r"--pose: PoSE's positions skip ahead up to --target-length, which is the sequence length \(32\)"),
     (["--s2-group-ratio", "0.5"], r"--s2-group-ratio: an S2-Attn option; give --s2-attn too"),
     (["--threads", "2000"], r"--threads: must be an integer in \[0, 1024\] \(0: torch's choice\), got 2000"),
-    (["--s2-attn", "--window", "34"], r"--s2-attn with --window 34: .* every multiple of 4 works; the nearest lengths "
-                                      r"that work: 32 and 36"),
+    (["--s2-attn", "--sequence-length", "34"], r"--s2-attn with --sequence-length 34: .* every multiple of 4 works; "
+                                               r"the nearest lengths that work: 32 and 36"),
 ]
 
 
@@ -377,6 +379,21 @@ def test_missing_data_and_unreadable_config_are_refused(checkpoint, tmp_path, ca
     assert main(["finetune", "--config", str(tmp_path / "bad.yaml"), "--config", str(tmp_path / "bad.yaml")]) == 2
     assert "argument --config: given twice" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_saved_with_the_old_option_name_resumes(checkpoint, tmp_path, capsys):
+    """``window`` was ``sequence_length``'s name before 0.2: a folder whose saved options use it is the same run (a
+    re-run finds it complete), and one of another length is refused naming the new name."""
+    finetune(_config(checkpoint, tmp_path / "run", max_steps=1))
+    saved_path = tmp_path / "run" / "finetune_config.json"
+    saved = json.loads(saved_path.read_text())
+    saved["window"] = saved.pop("sequence_length")
+    saved_path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    finetune(_config(checkpoint, tmp_path / "run", max_steps=1))
+    assert "this run is complete (1 step); nothing to do" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"differs in: sequence_length: 32 before, 16 now"):
+        finetune(_config(checkpoint, tmp_path / "run", max_steps=1, sequence_length=16))
 
 
 def test_a_folder_of_another_configuration_is_refused(checkpoint, tmp_path, capsys):
@@ -530,10 +547,11 @@ def test_merge_refuses_broken_folders_before_writing(checkpoint, tmp_path, capsy
 
 def test_yaml_numbers_in_exponent_form_are_numbers(tmp_path):
     (tmp_path / "run.yaml").write_text("lr: 1e-4\nweight_decay: 2E-2\nwindow: 4k\n")
-    assert read_yaml(tmp_path / "run.yaml") == {"lr": 1e-4, "weight_decay": 0.02, "window": 4096}
+    assert read_yaml(tmp_path / "run.yaml", FinetuneConfig) == {"lr": 1e-4, "weight_decay": 0.02,
+                                                                "sequence_length": 4096}
     (tmp_path / "run.yaml").write_text("lr: fast\n")
     with pytest.raises(ValueError, match="lr: must be a number, got 'fast'"):
-        read_yaml(tmp_path / "run.yaml")
+        read_yaml(tmp_path / "run.yaml", FinetuneConfig)
 
 
 def test_a_resume_on_changed_data_or_base_weights_is_refused(checkpoint, tmp_path):

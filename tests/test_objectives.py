@@ -158,9 +158,9 @@ def test_training_masks_fifteen_percent_with_berts_split():
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"architecture": "deberta", "window": 3}, "--window 3: DeBERTa's log buckets"),
-    ({"architecture": "t5", "window": 2010}, "--window 2010: span corruption of 2010 tokens makes 101 spans"),
-    ({"architecture": "t5", "eval_document": "x", "eval_target_tokens": 1, "window": 64},
+    ({"architecture": "deberta", "sequence_length": 3}, "--sequence-length 3: DeBERTa's log buckets"),
+    ({"architecture": "t5", "sequence_length": 2010}, "--sequence-length 2010: span corruption of 2010 tokens makes 101 spans"),
+    ({"architecture": "t5", "eval_document": "x", "eval_target_tokens": 1, "sequence_length": 64},
      "--eval-target-tokens 1: span corruption needs at least 2 tokens"),
 ])
 def test_a_run_its_objective_cannot_train_or_evaluate_is_refused_before_it_starts(options, message):
@@ -346,7 +346,7 @@ def test_training_with_the_objective_and_evaluating_the_folder(texts, tmp_path, 
     from rope_ext.train.pretrain import train
 
     config = TrainConfig(architecture=architecture, methods=methods, text_files=[str(texts / "one.txt"),
-                         str(texts / "two.txt")], eval_document="two.txt", eval_target_tokens=32, window=64, hidden=32,
+                         str(texts / "two.txt")], eval_document="two.txt", eval_target_tokens=32, sequence_length=64, hidden=32,
                          layers=1, heads=2, micro_batch=4, max_steps=6, lr=3e-3, warmup_steps=1, save_every=3,
                          out=str(tmp_path / "run"))
     config.check()

@@ -17,7 +17,7 @@ from rope_ext.train.pretrain import train
 
 def _config(texts, out, **options) -> TrainConfig:
     values = dict(text_files=[str(texts / "one.txt"), str(texts / "two.txt")], eval_document="two.txt",
-                  eval_target_tokens=16, window=64, hidden=32, layers=1, heads=2, micro_batch=4, max_steps=6, lr=3e-3,
+                  eval_target_tokens=16, sequence_length=64, hidden=32, layers=1, heads=2, micro_batch=4, max_steps=6, lr=3e-3,
                   warmup_steps=1, save_every=3, out=str(out))
     values.update(options)
     config = TrainConfig(**values)

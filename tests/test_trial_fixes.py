@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def finetune_config(checkpoint, out, **options) -> FinetuneConfig:
     model, files = checkpoint
-    values = dict(model=str(model), text_files=files[:2], methods="yarn:factor=4", window=32, target_length=128,
+    values = dict(model=str(model), text_files=files[:2], methods="yarn:factor=4", sequence_length=32, target_length=128,
                   max_steps=3, save_every=0, micro_batch=2, lr=1e-3, warmup_steps=0, out=str(out))
     values.update(options)
     return FinetuneConfig(**values)
@@ -37,7 +37,7 @@ def finetune_config(checkpoint, out, **options) -> FinetuneConfig:
 
 def train_config(checkpoint, out, **options) -> TrainConfig:
     _, files = checkpoint
-    values = dict(text_files=files[:2], window=32, hidden=32, layers=1, heads=2, micro_batch=4, max_steps=2,
+    values = dict(text_files=files[:2], sequence_length=32, hidden=32, layers=1, heads=2, micro_batch=4, max_steps=2,
                   lr=3e-3, warmup_steps=0, schedule="constant_with_warmup", save_every=0, out=str(out))
     values.update(options)
     return TrainConfig(**values)
@@ -240,7 +240,7 @@ def test_a_finetune_folder_has_a_model_card(finetuned, checkpoint):
     card = (finetuned / "README.md").read_text()
     model = Path(checkpoint[0]).resolve()
     assert f"base_model: {model}\n" in card and "library_name: peft" in card
-    assert "under `yarn:factor=4`" in card and "for 3 steps at windows of 32 tokens" in card
+    assert "under `yarn:factor=4`" in card and "for 3 steps at sequences of 32 tokens" in card
     assert "rope_ext.from_pretrained(folder)" in card and "PeftModel.from_pretrained(rope_ext.load_finetune_base" in card
 
 
@@ -378,10 +378,12 @@ def test_every_missing_text_file_is_named_in_one_line(tmp_path, capsys):
         ("lora_r: 0\n", [], "--config {file}: lora_r: must be an integer >= 1, got 0"),
         ("lora-r: 0\n", [], "--config {file}: lora_r: must be an integer >= 1, got 0"),
         ("packing: foo\n", [], "--config {file}: packing: 'foo' is not one of packed, document"),
-        ("window: 256\ntarget_length: 128\n", [], "--config {file}: window 256 is above target_length 128: "),
-        ("window: 256\n", ["--target-length", "128"], "window 256 is above --target-length 128: the window is trained at "
-         "positions below the target; give a window up to the target length, or a longer target (--target-length "
-         "from the command line, window from --config {file})\n"),  # (each named by where it came from)
+        ("sequence_length: 256\ntarget_length: 128\n", [],
+         "--config {file}: sequence_length 256 is above target_length 128: "),
+        ("window: 256\n", ["--target-length", "128"], "sequence_length 256 is above --target-length 128: a sequence is "
+         "trained at positions below the target; give a sequence length up to the target length, or a longer target "
+         "(--target-length from the command line, sequence_length from --config {file})\n"),  # (each named by where
+        # it came from; window: the old name, read as the new one)
         ("methods: yarn:factr=4\n", [], "--config {file}: methods 'yarn:factr=4': yarn: unknown option(s) factr; "),
         ("lora_r: 4\n", ["--lora-r", "0"], "--lora-r: must be an integer >= 1, got 0"),  # (the flag's value)
     ],

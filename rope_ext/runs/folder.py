@@ -219,6 +219,8 @@ def check_folder(
             "folder, or --overwrite"
         )
     saved = folder.saved()
+    renamed = getattr(type(config), "RENAMED", {})  # (a folder an older rope-ext wrote: its options' old names)
+    saved = {renamed.get(key, key): value for key, value in saved.items()}
     current = resolved_options(config)
     defaults = option_defaults(config)  # (an option newer than the folder's run: its default there)
     before = {k: saved.get(k, defaults.get(k)) for k in sorted(set(saved) | set(current))}
@@ -325,7 +327,7 @@ def complete_run(config: Any, resumed: dict[str, Any] | None, run_file: str) -> 
     if done is not None and done.get("steps") == config.max_steps:
         grows = ("a larger --max-steps continues it, " if config.schedule not in ("linear", "cosine")
                  else f"its {config.schedule} schedule is fixed by --max-steps, so it cannot grow; ")
-        print(f"{config.out}: this run is complete ({done['steps']} steps); nothing to do ({grows}--overwrite starts "
+        print(f"{config.out}: this run is complete ({done['steps']} step{'' if done['steps'] == 1 else 's'}); nothing to do ({grows}--overwrite starts "
               "again)")
         return done
     if done is not None and latest_checkpoint(Path(config.out)) is None:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rope_ext.runs.specs import listed_spec
+
 #: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
 MAX_LENGTH = 1 << 24
 
@@ -168,3 +170,44 @@ def named_as_in_file(file: str | Path | None, names: Iterable[str], flags: Itera
         if isinstance(error, OSError):  # (FileNotFoundError stays one; a library's own subclass: OSError)
             raise (type(error) if type(error).__module__ == "builtins" else OSError)(message) from None
         raise ValueError(message) from None
+
+
+def read_yaml(path: str | Path, cls: type) -> dict[str, Any]:
+    """The keys of a YAML run file, checked against the fields of ``cls`` (a run configuration: ``lora-r`` and
+    ``lora_r`` both name one; an old name in its ``RENAMED`` names the new one)."""
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--config {path} is a folder; give a YAML file of options (docs/finetune.md)")
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file; give a YAML file of options (docs/finetune.md)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"--config {path}: not YAML ({str(error).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: give a mapping of options (name: value), got {type(data).__name__}")
+    kinds = field_kinds(cls)
+    names = set(kinds)
+    values = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        name = getattr(cls, "RENAMED", {}).get(name, name)
+        if name in values:
+            raise ValueError(f"--config {path}: {name!r} is given twice (as {name}, {name.replace('_', '-')} or an old "
+                             "name of it)")
+        if name not in names:
+            raise ValueError(f"--config {path}: unknown option {key!r}; options: {', '.join(sorted(names))}")
+        kind, optional = kinds[name]
+        try:  # (lengths as the evaluation writes them: 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names
+            if kind in ("list", "int", "float", "bool") and isinstance(value, str):  # comma-separated; quoted 'no')
+                value = parse_text(kind, value, optional)
+            elif name == "methods" and isinstance(value, list):
+                value = listed_spec(value)
+        except ValueError as error:
+            raise ValueError(f"--config {path}: {key}: {error}") from None
+        values[name] = value
+    return values

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 from rope_ext.eval.objectives import check_target_tokens
 from rope_ext.methods import MethodConfig
 from rope_ext.methods.wrappers import s2_group_size
-from rope_ext.runs.specs import listed_spec, one_spec
-from rope_ext.runs.values import field_kinds, named_as_in_file, option_flag, parse_text
+from rope_ext.runs.specs import one_spec
+from rope_ext.runs.values import field_kinds, named_as_in_file, option_flag, read_yaml
 
 PACKING = ("packed", "document")
 TRAINABLE = ("embeddings", "norms")
@@ -45,9 +45,10 @@ class LoopConfig:
     exclude: list[str] = field(default_factory=list, metadata=_help(
         "document titles kept out of training (e.g. the books an evaluation scores)"))
     packing: str = field(default="packed", metadata=_help(
-        "packed: documents joined (EOS between) and cut into windows; document: windows within each document",
+        "packed: documents joined (EOS between) and cut into sequences; document: sequences within each document",
         choices=PACKING))
-    window: int = field(default=2048, metadata=_help("training window (tokens per sequence)"))
+    sequence_length: int = field(default=2048, metadata=_help(
+        "tokens per training sequence (--window before 0.2)", aliases=["--window"]))
     # optimisation
     lr: float = field(default=1e-4, metadata=_help("peak learning rate"))
     warmup_steps: int = field(default=10, metadata=_help("linear warm-up steps"))
@@ -69,7 +70,7 @@ class LoopConfig:
         "title of the held-out document evaluated (kept out of training)"))
     eval_target_tokens: int = field(default=1024, metadata=_help(
         "fixed-target perplexity: the last N tokens of the evaluated length (a fine-tune's --target-length, else the "
-        "window) of the held-out document"))
+        "sequence length) of the held-out document"))
     save_every: int = field(default=50, metadata=_help("checkpoint every N steps (0: none)"))
     keep_checkpoints: int = field(default=2, metadata=_help("checkpoints kept (the newest)"))
     log_every: int = field(default=1, metadata=_help("write the loss log every N steps"))
@@ -78,7 +79,7 @@ class LoopConfig:
 
     #: integer options and their lowest values
     AT_LEAST: ClassVar[dict[str, int]] = {
-        "window": 2, "micro_batch": 1, "accumulation": 1, "max_steps": 1, "warmup_steps": 0, "eval_every": 0,
+        "sequence_length": 2, "micro_batch": 1, "accumulation": 1, "max_steps": 1, "warmup_steps": 0, "eval_every": 0,
         "eval_target_tokens": 1, "save_every": 0, "keep_checkpoints": 1, "log_every": 1, "threads": 0,
     }
     #: a flag -> the file's options it replaces (``--text-files`` over a file's ``dataset`` and the documents it
@@ -94,6 +95,8 @@ class LoopConfig:
         ("max_grad_norm", 0, True, None, False),
     )
 
+    #: options renamed, by their old names: a YAML file's old key, the old flag and a folder's saved options still work
+    RENAMED: ClassVar[dict[str, str]] = {"window": "sequence_length"}
     #: where ``from_sources`` read the options: the YAML file, the options it gave, those flags gave
     sources: ClassVar[tuple[str | Path | None, tuple[str, ...], tuple[str, ...]]] = (None, (), ())
 
@@ -102,8 +105,8 @@ class LoopConfig:
 
     @property
     def target(self) -> int:
-        """The length evaluations run at (the window; a fine-tune's target length)."""
-        return self.window
+        """The length evaluations run at (the sequence length; a fine-tune's target length)."""
+        return self.sequence_length
 
     @classmethod
     def from_sources(cls, file: str | Path | None = None, flags: dict[str, Any] | None = None) -> LoopConfig:
@@ -198,7 +201,7 @@ class LoopConfig:
 
     def target_source(self) -> str:
         """Where ``target`` comes from, as the options name it."""
-        return "the window"
+        return "the sequence length"
 
 
 @dataclass
@@ -212,13 +215,13 @@ class FinetuneConfig(LoopConfig):
         "the patch to train under, in the evaluation's spec syntax (yarn:factor=4, yarn:factor=4+dca); 'none': the "
         "unpatched model (plain LoRA, the baseline)"))
     s2_attn: bool = field(default=False, metadata=_help(
-        "shifted sparse attention while training (LongLoRA: groups of 1/4 of the window, half the heads shifted); "
+        "shifted sparse attention while training (LongLoRA: groups of 1/4 of the sequence, half the heads shifted); "
         "inference keeps full attention"))
-    s2_group_ratio: float = field(default=0.25, metadata=_help("S2-Attn's group size as a fraction of the window"))
+    s2_group_ratio: float = field(default=0.25, metadata=_help("S2-Attn's group size as a fraction of the sequence length"))
     target_length: int | None = field(default=None, metadata=_help(
-        "the context the run extends to (PoSE positions reach it; evaluation runs at it); default: the window"))
+        "the context the run extends to (PoSE positions reach it; evaluation runs at it); default: the sequence length"))
     pose: bool = field(default=False, metadata=_help(
-        "PoSE: position ids that skip ahead within each window, below --target-length"))
+        "PoSE: position ids that skip ahead within each sequence, below --target-length"))
     # what is trainable
     full: bool = field(default=False, metadata=_help("full fine-tuning instead of LoRA"))
     lora_r: int = field(default=8, metadata=_help("LoRA rank"))
@@ -238,10 +241,10 @@ class FinetuneConfig(LoopConfig):
 
     @property
     def target(self) -> int:
-        return self.target_length if self.target_length is not None else self.window
+        return self.target_length if self.target_length is not None else self.sequence_length
 
     def target_source(self) -> str:
-        return "--target-length, default the window"
+        return "--target-length, default the sequence length"
 
     def check(self) -> None:
         if isinstance(self.target_length, int) and not isinstance(self.target_length, bool) and self.target_length < 2:
@@ -249,10 +252,11 @@ class FinetuneConfig(LoopConfig):
         super().check()
         if self.lora_targets == []:
             raise ValueError(f"{option_flag('lora_targets')}: an empty list; give at least one name, or leave the option out")
-        if self.target_length is not None and self.target_length < self.window:
+        if self.target_length is not None and self.target_length < self.sequence_length:
             raise ValueError(
-                f"--window {self.window} is above --target-length {self.target_length}: the window is trained at "
-                "positions below the target; give a window up to the target length, or a longer target"
+                f"--sequence-length {self.sequence_length} is above --target-length {self.target_length}: a sequence "
+                "is trained at positions below the target; give a sequence length up to the target length, or a longer "
+                "target"
             )
         if self.full:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -260,18 +264,18 @@ class FinetuneConfig(LoopConfig):
             given += [name for name in ("lora_r", "lora_alpha", "lora_dropout") if getattr(self, name) != defaults[name]]
             if given:
                 raise ValueError(f"{option_flag(given[0])}: a LoRA option, but --full trains every parameter; leave one out")
-        if self.pose and self.target <= self.window:
+        if self.pose and self.target <= self.sequence_length:
             raise ValueError(
-                f"--pose: PoSE's positions skip ahead up to --target-length, which is the window ({self.window}) here; "
-                "give a --target-length above the window, or leave --pose out"
+                f"--pose: PoSE's positions skip ahead up to --target-length, which is the sequence length "
+                f"({self.sequence_length}) here; give a --target-length above it, or leave --pose out"
             )
         if not self.s2_attn and self.s2_group_ratio != type(self).s2_group_ratio:
             raise ValueError("--s2-group-ratio: an S2-Attn option; give --s2-attn too, or leave it out")
         if self.s2_attn:
             try:
-                s2_group_size(self.window, self.s2_group_ratio)
+                s2_group_size(self.sequence_length, self.s2_group_ratio)
             except ValueError as error:
-                raise ValueError(f"--s2-attn with --window {self.window}: {error}") from None
+                raise ValueError(f"--s2-attn with --sequence-length {self.sequence_length}: {error}") from None
         if any(config.method == "s2_attn" for config in one_spec(self.methods)):
             raise ValueError(
                 f"--methods {self.methods}: S2-Attn is given with --s2-attn (and --s2-group-ratio), which trains with it "
@@ -290,7 +294,7 @@ class TrainConfig(LoopConfig):
     model built from a config (with ``tokenizer``'s vocabulary), trained from scratch under a position method."""
 
     architecture: str = field(default="gpt2", metadata=_help(
-        "gpt2 (a learned position table of --window rows), llama (RoPE), t5 (relative buckets; span corruption) or "
+        "gpt2 (a learned position table of --sequence-length rows), llama (RoPE), t5 (relative buckets; span corruption) or "
         "deberta (DeBERTa-v3's disentangled log buckets; masked LM)", choices=ARCHITECTURES))
     methods: str = field(default="none", metadata=_help(
         "the position method trained with, in the evaluation's spec syntax (alibi, kerple, fire, sandwich, xpos...); "
@@ -306,7 +310,8 @@ class TrainConfig(LoopConfig):
         "MLP size (default: 8/3 x hidden rounded up to 64 for llama, else 4 x hidden)"))
     rope_theta: float = field(default=10000.0, metadata=_help("RoPE base (llama)"))
     dropout: float = field(default=0.0, metadata=_help("dropout (attention, residual and embeddings)"))
-    window: int = field(default=256, metadata=_help("training window (tokens per sequence; GPT-2's table rows)"))
+    sequence_length: int = field(default=256, metadata=_help(
+        "tokens per training sequence (GPT-2's table rows; --window before 0.2)", aliases=["--window"]))
     lr: float = field(default=1e-3, metadata=_help("peak learning rate"))
     schedule: str = field(default="cosine", metadata=_help("learning-rate schedule", choices=SCHEDULES))
     weight_decay: float = field(default=0.1, metadata=_help("weight decay"))
@@ -335,11 +340,11 @@ class TrainConfig(LoopConfig):
                                  "head per head)")
             if self.heads % self.kv_heads:
                 raise ValueError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
-        if self.architecture == "deberta" and self.window < 4:
-            raise ValueError(f"--window {self.window}: DeBERTa's log buckets (window / 2 of them) need a window of at "
-                             "least 4")
+        if self.architecture == "deberta" and self.sequence_length < 4:
+            raise ValueError(f"--sequence-length {self.sequence_length}: DeBERTa's log buckets (sequence length / 2 of "
+                             "them) need a sequence length of at least 4")
         if self.objective != "fixed":
-            check_target_tokens(self.objective, self.window, "--window")
+            check_target_tokens(self.objective, self.sequence_length, "--sequence-length")
             if self.eval_document:
                 check_target_tokens(self.objective, self.eval_target_tokens, "--eval-target-tokens")
         one_spec(self.methods)  # (unknown methods and bad options: refused before anything loads)
@@ -354,44 +359,6 @@ class TrainConfig(LoopConfig):
     def objective(self) -> str:
         """The evaluation protocol of the architecture's objective ("fixed": next-token)."""
         return OBJECTIVES[self.architecture]
-
-
-def read_yaml(path: str | Path, cls: type = FinetuneConfig) -> dict[str, Any]:
-    """The keys of a YAML run file, checked against ``cls``'s fields (``lora-r`` and ``lora_r`` both name one)."""
-    import yaml
-
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"--config {path} is a folder; give a YAML file of options (docs/finetune.md)")
-    if not path.is_file():
-        raise FileNotFoundError(f"--config {path}: no such file; give a YAML file of options (docs/finetune.md)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise ValueError(f"--config {path}: not YAML ({str(error).splitlines()[0]})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: give a mapping of options (name: value), got {type(data).__name__}")
-    kinds = field_kinds(cls)
-    names = set(kinds)
-    values = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name in values:
-            raise ValueError(f"--config {path}: {name!r} is given twice (as {name} and {name.replace('_', '-')})")
-        if name not in names:
-            raise ValueError(f"--config {path}: unknown option {key!r}; options: {', '.join(sorted(names))}")
-        kind, optional = kinds[name]
-        try:  # (lengths as the evaluation writes them: 32k; YAML 1.1 reads 1e-4 as a string: it wants 1.0e-4; names
-            if kind in ("list", "int", "float", "bool") and isinstance(value, str):  # comma-separated; quoted 'no')
-                value = parse_text(kind, value, optional)
-            elif name == "methods" and isinstance(value, list):
-                value = listed_spec(value)
-        except ValueError as error:
-            raise ValueError(f"--config {path}: {key}: {error}") from None
-        values[name] = value
-    return values
 
 
 def methods_of(config: LoopConfig) -> list[MethodConfig]:

@@ -77,7 +77,7 @@ def training_windows(documents: list[Document], window: int, packing: str, eos_t
         longest = max(d.num_tokens for d in documents)
         raise ValueError(
             f"the training text holds no window of {window} tokens ({total} tokens in all, the longest document "
-            f"{longest}{' with --packing document' if packing == 'document' else ''}); give a shorter --window or more text"
+            f"{longest}{' with --packing document' if packing == 'document' else ''}); give a shorter --sequence-length or more text"
         )
     return windows.to(torch.long).contiguous()
 
@@ -92,11 +92,11 @@ def run_text(config: Any, tokenizer: Any, data: Any) -> tuple[TrainingText, torc
             f"length ({config.target}, {config.target_source()}); give a longer document, or shorten "
             f"{config.target_source().split(',')[0]}"
         )
-    windows = training_windows(text.train, config.window, config.packing, tokenizer.eos_token_id)
+    windows = training_windows(text.train, config.sequence_length, config.packing, tokenizer.eos_token_id)
     if windows.shape[0] < config.micro_batch:
         raise ValueError(
             f"--micro-batch {config.micro_batch}: the training text makes {windows.shape[0]} window(s) of "
-            f"{config.window} tokens; lower --micro-batch or give more text"
+            f"{config.sequence_length} tokens; lower --micro-batch or give more text"
         )
     return text, windows
 

@@ -91,7 +91,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
             raise ValueError(f"--methods {config.methods}{' with --s2-attn' if config.s2_attn else ''}: {error}") from None
     limit = position_limit(model)  # (a learned table's rows, or what the patch reads of them)
     if limit is not None and config.target > limit:
-        reach = "--target-length" if config.target_length is not None else "--window"
+        reach = "--target-length" if config.target_length is not None else "--sequence-length"
         raise ValueError(
             f"{reach} {config.target}: {type(model).__name__}'s position table holds {limit} positions"
             f"{' under --methods ' + config.methods if config.methods != 'none' else ''}; give a length up to {limit}, "
@@ -140,7 +140,7 @@ def finetune(config: FinetuneConfig, *, overwrite: bool = False, on_step=None) -
             return FinetuneRun(done, None)
         parts = prepare(config)
     say = f"training {parts['parameters']['trainable']:,} of {parts['parameters']['total']:,} parameters on " \
-          f"{len(parts['dataset'])} windows of {config.window} tokens ({len(parts['text'].train)} documents)" \
+          f"{len(parts['dataset'])} sequences of {config.sequence_length} tokens ({len(parts['text'].train)} documents)" \
           + (f", PoSE positions below {config.target}" if config.pose else "")
 
     def save(model: nn.Module, state: dict, progress: Any, processes: int) -> dict[str, Any]:
@@ -180,7 +180,7 @@ def _save_outputs(config, parts, model: nn.Module, state: dict, progress, proces
         "s2_attn": config.s2_attn,
         "pose": config.pose,
         "target_length": config.target,
-        "window": config.window,
+        "sequence_length": config.sequence_length,
         "native_context": parts["native"],
         "full": config.full,
         **run_record(config, parts, progress, processes),
@@ -221,7 +221,7 @@ def model_card(config: FinetuneConfig, record: dict[str, Any]) -> str:
            f"`{methods}` (saved in `config.json`'s `rope_ext` block, with transformers' native `rope_parameters` where "
            "the method has them)")
         + ".\n"
-        f"- Trained {how} for {record['steps']} steps at windows of {record['window']} tokens"
+        f"- Trained {how} for {record['steps']} steps at sequences of {record['sequence_length']} tokens"
         f"{' (' + '; '.join(extras) + ')' if extras else ''}, {record['tokens_per_step']:,} tokens per step, "
         f"{record['train_seconds']:.0f} s on {record['processes']} process(es), seed {record['seed']}; final training "
         f"loss {record['final_loss']:.4f}.\n"

@@ -2,7 +2,7 @@
 on the fine-tuning loop (``rope_ext.train.loop.run_training``; ``accelerate launch`` runs it on many processes).
 
 What the position-encoding papers do to compare encodings -- train short, test long -- needs models trained with
-each encoding: GPT-2 with its learned table (``--window`` rows) or with a bias (``--methods alibi``, ``kerple``,
+each encoding: GPT-2 with its learned table (``--sequence-length`` rows) or with a bias (``--methods alibi``, ``kerple``,
 ``sandwich``, ``fire``: the table then adds nothing), a Llama with RoPE or with ``xpos``. The model is patched
 *before* training, so a learnable bias trains with it, and saved patched: ``rope_ext.from_pretrained(out)`` gives it
 back as trained, and ``rope-ext eval ppl --model out --methods saved,...`` evaluates it (``saved``: as trained).
@@ -60,18 +60,19 @@ def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
     if config.architecture == "deberta":
         from transformers import DebertaV2Config, DebertaV2ForMaskedLM
 
-        # DeBERTa-v3's shape scaled to the window: no absolute table, log buckets (v3: 256 over 512 positions)
+        # DeBERTa-v3's shape scaled to the sequence length: no absolute table, log buckets (v3: 256 over 512 positions)
         model_config = DebertaV2Config(
             vocab_size=len(tokenizer), hidden_size=config.hidden, num_hidden_layers=config.layers,
-            num_attention_heads=config.heads, intermediate_size=config.mlp_size, max_position_embeddings=config.window,
-            relative_attention=True, position_buckets=config.window // 2, max_relative_positions=config.window,
+            num_attention_heads=config.heads, intermediate_size=config.mlp_size, max_position_embeddings=config.sequence_length,
+            relative_attention=True, position_buckets=config.sequence_length // 2,
+            max_relative_positions=config.sequence_length,
             pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
             hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout, legacy=False, **special,
         )
         return DebertaV2ForMaskedLM(model_config)
     if config.architecture == "gpt2":
         model_config = GPT2Config(
-            vocab_size=len(tokenizer), n_positions=config.window, n_embd=config.hidden, n_layer=config.layers,
+            vocab_size=len(tokenizer), n_positions=config.sequence_length, n_embd=config.hidden, n_layer=config.layers,
             n_head=config.heads, n_inner=config.mlp_size, resid_pdrop=config.dropout, embd_pdrop=config.dropout,
             attn_pdrop=config.dropout, tie_word_embeddings=True, attn_implementation="sdpa", **special,
         )
@@ -81,7 +82,7 @@ def build_model(config: TrainConfig, tokenizer: Any) -> nn.Module:
     model_config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=config.hidden, intermediate_size=config.mlp_size,
         num_hidden_layers=config.layers, num_attention_heads=config.heads,
-        num_key_value_heads=config.kv_heads or config.heads, max_position_embeddings=config.window,
+        num_key_value_heads=config.kv_heads or config.heads, max_position_embeddings=config.sequence_length,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta}, attention_dropout=config.dropout,
         tie_word_embeddings=True, attn_implementation="sdpa", **special,
     )
@@ -119,7 +120,7 @@ def prepare(config: TrainConfig) -> dict[str, Any]:
         "tokenizer": tokenizer,
         "text": text,
         "dataset": WindowDataset(windows),
-        "collate": Collator(config.window) if objective == "fixed" else ObjectiveCollator(objective, tokenizer,
+        "collate": Collator(config.sequence_length) if objective == "fixed" else ObjectiveCollator(objective, tokenizer,
                                                                                             seed=config.seed),
         "protocol": objective,
         "parameters": count_parameters(model),
@@ -146,8 +147,8 @@ def train(config: TrainConfig, *, overwrite: bool = False, on_step=None) -> Trai
             return TrainRun(done, None)
         parts = prepare(config)
     say = (f"training a {config.architecture} of {parts['parameters']['total']:,} parameters"
-           f"{'' if config.methods == 'none' else ' under ' + config.methods} on {len(parts['dataset'])} windows "
-           f"of {config.window} tokens ({len(parts['text'].train)} documents)")
+           f"{'' if config.methods == 'none' else ' under ' + config.methods} on {len(parts['dataset'])} sequences "
+           f"of {config.sequence_length} tokens ({len(parts['text'].train)} documents)")
 
     def save(model: nn.Module, state: dict, progress: Any, processes: int) -> dict[str, Any]:
         out = Path(config.out)
@@ -172,7 +173,7 @@ def _record(config: TrainConfig, parts: dict[str, Any], progress: Any, processes
         "tokenizer": resolved(config.tokenizer),
         "vocab_size": len(parts["tokenizer"]),
         "patch": [c.to_dict() for c in configs],
-        "window": config.window,
+        "sequence_length": config.sequence_length,
         "layers": config.layers,
         "heads": config.heads,
         "hidden": config.hidden,
@@ -185,14 +186,14 @@ def model_card(record: dict[str, Any]) -> str:
     """The folder's ``README.md``: what the model is, how it was trained, how to load and evaluate it."""
     methods = record["methods"]
     evals = record["evals"]
-    last = (f"Held-out perplexity at the window ({evals[-1]['document']}, last {evals[-1]['target_tokens']} of "
+    last = (f"Held-out perplexity at the sequence length ({evals[-1]['document']}, last {evals[-1]['target_tokens']} of "
             f"{evals[-1]['length']} tokens): {evals[-1]['perplexity']:.2f}.\n" if evals else "")
     return (
         f"# A small {record['architecture']} trained by `rope-ext train`"
         f"{'' if methods == 'none' else ' under `' + methods + '`'}\n\n"
         f"- {record['parameters']['total']:,} parameters: {record['layers']} layers, {record['heads']} heads, hidden "
         f"{record['hidden']}, MLP {record['intermediate']}; {tokenizer_words(record)}.\n"
-        f"- Trained from scratch at {record['window']} tokens for {record['steps']} steps "
+        f"- Trained from scratch at {record['sequence_length']} tokens for {record['steps']} steps "
         f"({record['tokens_per_step']:,} tokens per step, {record['train_seconds']:.0f} s on "
         f"{record['processes']} process(es)), seed {record['seed']}; final training loss {record['final_loss']:.4f}.\n"
         f"- Data: {len(record['documents'])} documents; left out: {', '.join(record['excluded']) or 'none'}.\n"
@@ -200,7 +201,7 @@ def model_card(record: dict[str, Any]) -> str:
         + ("the architecture's own" if methods == "none" else f"`{methods}` (saved in `config.json`'s `rope_ext` block; "
            "its parameters, if any, under `rope_ext.` in the weights)")
         + ".\n\n" + last
-        + "\nLoad it with `rope_ext.from_pretrained(folder)`; evaluate it past its window with "
+        + "\nLoad it with `rope_ext.from_pretrained(folder)`; evaluate it past its sequence length with "
         + ("`rope-ext eval ppl --model folder --methods saved,...` (`saved`, the default there: as trained; `none`: the "
            "architecture's own positions; other methods: applied to the unpatched model).\n" if record["patch"] else
            "`rope-ext eval ppl --model folder --methods none,...` (`none`: as trained, the architecture's own "

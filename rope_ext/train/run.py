@@ -102,7 +102,7 @@ def run_record(config: Any, parts: dict[str, Any], progress: Any, processes: int
         "windows": len(parts["dataset"]),
         "documents": [d.title for d in parts["text"].train],
         "excluded": parts["text"].excluded,
-        "tokens_per_step": config.micro_batch * config.accumulation * config.window * processes,
+        "tokens_per_step": config.micro_batch * config.accumulation * config.sequence_length * processes,
         "parameters": parts["parameters"],
         "processes": processes,
         "evals": progress.evals,
