@@ -25,8 +25,9 @@ def _text(path, words: int, shift: int = 0):
 
 def _ppl(checkpoint, out, *extra, lengths="32,64", methods="none", target="16", text=None):
     data = [] if "--text-files" in extra or "--dataset" in extra else ["--text-files", str(text)]
+    targets = [] if {"curve", "sliding"} & set(extra) else ["--target-tokens", target]  # (fixed targets only)
     return main(
-        ["eval", "ppl", "--model", str(checkpoint), *data, "--lengths", lengths, "--target-tokens", target,
+        ["eval", "ppl", "--model", str(checkpoint), *data, "--lengths", lengths, *targets,
          "--methods", methods, "--out", str(out), "--no-plot", *extra]
     )
 

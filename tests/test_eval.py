@@ -358,10 +358,11 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def _cli(tmp_path, checkpoint, text, *extra):
+    targets = [] if {"curve", "sliding"} & set(extra) else ["--target-tokens", "16"]  # (fixed targets only)
     return main(
         [
             "eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--min-tokens", "0",
-            "--lengths", "32,64,128", "--target-tokens", "16", "--methods", "none,yarn:factor=4",
+            "--lengths", "32,64,128", *targets, "--methods", "none,yarn:factor=4",
             "--out", str(tmp_path / "run"), *extra,
         ]
     )
@@ -436,10 +437,10 @@ def test_a_learned_table_is_evaluated_at_its_own_lengths_beside_methods_that_rea
     assert main(["eval", "ppl", *common, "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64,128",
                  "--target-tokens", "16", "--methods", "none,abs_interp:factor=2,alibi"]) == 0
     out = capsys.readouterr().out
-    assert ("method 'none': this model's learned position table reaches 64 positions; lengths 128 are left out for "
-            "it (read it further with abs_interp, abs_hierarchical or sinusoidal to evaluate them)") in out
-    assert ("method 'abs_interp:factor=2': this model's learned position table reaches 127 positions; lengths 128 "
-            "are left out for it (give abs_interp a larger factor to evaluate them)") in out
+    assert ("method 'none': this model's learned position table reaches 64 positions; length 128 is left out for "
+            "it (read it further with abs_interp, abs_hierarchical or sinusoidal to evaluate it)") in out
+    assert ("method 'abs_interp:factor=2': this model's learned position table reaches 127 positions; length 128 "
+            "is left out for it (give abs_interp a larger factor to evaluate it)") in out
     assert "'alibi'" not in out
     summary = json.loads((run / "ppl.json").read_text())["summary"]
     assert {(r["method"], r["length"]) for r in summary} == {
@@ -448,8 +449,9 @@ def test_a_learned_table_is_evaluated_at_its_own_lengths_beside_methods_that_rea
     # the default --methods cut to what GPT-2 takes (no RoPE method), saying so
     assert main(["eval", "ppl", "--model", str(tmp_path / "gpt2"), "--no-plot", "--out", str(tmp_path / "default"),
                  "--text-files", str(text), "--min-tokens", "0", "--lengths", "32,64", "--target-tokens", "16"]) == 0
-    assert ("--methods (default none,yarn:factor=2,dynamic_ntk:factor=2,dca): yarn:factor=2, dynamic_ntk:factor=2, dca "
-            "left out: method 'yarn' needs a 'frequency' hook") in capsys.readouterr().out
+    assert ("--methods (default none,yarn:factor=2,dynamic_ntk:factor=2,dca): yarn:factor=2 (frequency), "
+            "dynamic_ntk:factor=2 (frequency), dca (position_rule) left out: gpt2 takes absolute, bias, wrapper hooks; "
+            "methods for it: abs_hierarchical,") in capsys.readouterr().out
     rows = json.loads((tmp_path / "default" / "ppl.json").read_text())["summary"]
     assert {r["method"] for r in rows} == {"none"}
     assert main(["eval", "passkey", *common, "--lengths", "57,58,120", "--depths", "0.5", "--trials", "1",
@@ -515,9 +517,10 @@ def test_plots_of_many_methods_stay_readable(tmp_path):
 
 def _ppl(checkpoint, out, *extra, text=None, lengths="32,64,128", methods="none"):
     data = [] if "--dataset" in extra or "--text-files" in extra else ["--text-files", str(text)]
+    targets = [] if {"curve", "sliding"} & set(extra) or "--target-tokens" in extra else ["--target-tokens", "16"]
     return main(
         ["eval", "ppl", "--model", str(checkpoint), *data, "--min-tokens", "0", "--lengths", lengths,
-         "--target-tokens", "16", "--methods", methods, "--out", str(out), "--no-plot", *extra]
+         *targets, "--methods", methods, "--out", str(out), "--no-plot", *extra]
     )
 
 
@@ -556,7 +559,11 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
         (["--text-files", "{empty}"], "--text-files: {empty} is empty"),
         (["--documents", "0"], "argument --documents: must be an integer >= 1, got '0'"),
         (["--target-tokens", "0"], "argument --target-tokens: must be an integer >= 1, got '0'"),
-        (["--target-tokens", "128"], "--target-tokens 128 must be smaller than the longest of --lengths (128)"),
+        (["--target-tokens", "128"], "--lengths 32,64,128: not above --target-tokens 128"),
+        (["--protocol", "curve", "--target-tokens", "8"], "--target-tokens: only for the fixed, masked-lm and "
+         "span-corruption protocols; --protocol curve scores every token of each length (leave --target-tokens out)"),
+        (["--protocol", "fixed", "--stride", "8"], "--stride: only for --protocol sliding (leave it out with "
+         "--protocol fixed)"),
         (["--protocol", "sliding", "--stride", "0"], "argument --stride: must be an integer >= 1, got '0'"),
         (["--protocol", "sliding", "--stride", "-3"], "argument --stride: must be an integer >= 1, got '-3'"),
         (["--protocol", "sliding", "--stride", "64"], "--stride 64 must be at most the shortest of --lengths (32)"),

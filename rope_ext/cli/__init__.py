@@ -33,7 +33,7 @@ from rope_ext.cli.options import (
     seed,
     writable_folder,
 )
-from rope_ext.eval.plan import PROTOCOLS
+from rope_ext.eval.plan import DEFAULT_STRIDE, DEFAULT_TARGET_TOKENS, PROTOCOLS
 from rope_ext.train.config import FinetuneConfig, TrainConfig
 
 # The main job (`make demo`): ~10 minutes of forwards on a 2-core CPU (fp32 forwards of the default model take
@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     methods.add_argument("name", nargs="?", help="a method: its summary and its options (type, default, meaning)")
     methods.set_defaults(func=command("listing", "cmd_methods"))
-    sub.add_parser("families", help="list the supported model families").set_defaults(func=command("listing", "cmd_families"))
+    families = sub.add_parser("families", help="list the supported model families")
+    families.set_defaults(func=command("listing", "cmd_families"))
 
     evaluate = sub.add_parser("eval", help="evaluate methods").add_subparsers(dest="evaluation", required=True)
     ppl = evaluate.add_parser("ppl", help="perplexity vs context length")
@@ -76,12 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         "span-corruption (T5); default: the model's first",
     )
     ppl.add_argument(
-        "--target-tokens", type=int_at_least(1), default=1024,
+        "--target-tokens", type=int_at_least(1), default=None,
         help="fixed protocol: tokens scored; masked-lm and span-corruption: the tokens masked or corrupted in "
-        "(default: %(default)s)",
+        f"(default: {DEFAULT_TARGET_TOKENS})",
     )
     ppl.add_argument(
-        "--stride", type=int_at_least(1), default=256, help="sliding protocol: window stride (default: %(default)s)"
+        "--stride", type=int_at_least(1), default=None,
+        help=f"sliding protocol: window stride (default: {DEFAULT_STRIDE})"
     )
     data = ppl.add_mutually_exclusive_group()
     data.add_argument(

@@ -70,12 +70,13 @@ def fitting_defaults(model: object, args: argparse.Namespace) -> None:
         support = find_family(model).support(model)
     except ValueError:  # (no family: check_methods says so)
         return
-    unfit = {spec: next(c.method for c in configs if not support.fits(c.method))
+    unfit = {spec: next(c.hook for c in configs if not support.fits(c.method))
              for spec, configs in args.methods.items() if not all(support.fits(c.method) for c in configs)}
     if unfit:
         args.methods = {spec: configs for spec, configs in args.methods.items() if spec not in unfit}
-        print(f"--methods (default {args.default_methods}): {', '.join(unfit)} left out: "
-              f"{support.reason(next(iter(unfit.values())))}")
+        print(f"--methods (default {args.default_methods}): {', '.join(f'{s} ({h})' for s, h in unfit.items())} "
+              f"left out: {support.label} takes {', '.join(sorted(support.kinds))} hooks; methods for it: "
+              f"{', '.join(support.methods)}")
 
 
 def print_table(rows: list[dict], value: str, fmt: str, title: str) -> None:

@@ -120,15 +120,28 @@ def fixed_targets(args: argparse.Namespace) -> bool:
     return args.protocol in FIXED_TARGETS
 
 
+#: ``--target-tokens`` and ``--stride`` when not given (``None`` on the parser: given ones are told from defaults)
+DEFAULT_TARGET_TOKENS = 1024
+DEFAULT_STRIDE = 256
+
+
 def check_ppl_options(args: argparse.Namespace) -> None:
+    """Refuse values that cannot run, and an option the protocol does not read (given, not defaulted); called again
+    once a model's own protocol is known."""
+    if not hasattr(args, "given"):
+        args.given = {name for name in ("target_tokens", "stride") if getattr(args, name, None) is not None}
+        args.target_tokens = DEFAULT_TARGET_TOKENS if args.target_tokens is None else args.target_tokens
+        args.stride = DEFAULT_STRIDE if args.stride is None else args.stride
+    if args.protocol is not None and "target_tokens" in args.given and not fixed_targets(args):
+        *first, last = filter(None, FIXED_TARGETS)
+        protocols = f"{', '.join(first)} and {last}"
+        raise ValueError(f"--target-tokens: only for the {protocols} protocols; --protocol {args.protocol} scores "
+                         "every token of each length (leave --target-tokens out)")
+    if args.protocol not in (None, "sliding") and "stride" in args.given:
+        raise ValueError(f"--stride: only for --protocol sliding (leave it out with --protocol {args.protocol})")
     lengths = args.lengths
     protocol = args.protocol or "fixed-target"  # (None: the model's own, decided once it loads; each is one)
-    if fixed_targets(args) and args.target_tokens >= lengths[-1]:
-        raise ValueError(
-            f"--target-tokens {args.target_tokens} must be smaller than the longest of --lengths ({lengths[-1]}): "
-            f"the {protocol} protocol scores the last --target-tokens tokens of each length"
-        )
-    if fixed_targets(args) and args.target_tokens >= lengths[0]:
+    if fixed_targets(args) and args.target_tokens >= lengths[0]:  # (a folder's longer lengths: checked on resuming)
         short = ",".join(str(L) for L in lengths if L <= args.target_tokens)
         raise ValueError(
             f"--lengths {short}: not above --target-tokens {args.target_tokens}: the {protocol} protocol scores the "

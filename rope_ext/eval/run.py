@@ -59,9 +59,13 @@ def _further(configs: list[MethodConfig]) -> str:
 def left_out(short: dict[str, int], methods: Methods, lengths: list[int], extra: int = 0) -> list[str]:
     """One line per method whose learned table stops short of some lengths: the lengths the run leaves out."""
     plus = f" (with the {extra} positions of the answer)" if extra else ""
-    return [f"method {spec!r}: this model's learned position table reaches {limit} positions; lengths "
-            f"{', '.join(str(L) for L in sorted(lengths) if L + extra > limit)} are left out for it{plus} "
-            f"({_further(methods[spec])} to evaluate them)" for spec, limit in short.items()]
+    lines = []
+    for spec, limit in short.items():
+        out = [str(L) for L in sorted(lengths) if L + extra > limit]
+        which = f"length {out[0]} is" if len(out) == 1 else f"lengths {', '.join(out)} are"
+        lines.append(f"method {spec!r}: this model's learned position table reaches {limit} positions; {which} left "
+                     f"out for it{plus} ({_further(methods[spec])} to evaluate {'it' if len(out) == 1 else 'them'})")
+    return lines
 
 
 def _config_dicts(configs: list[MethodConfig]) -> list[dict[str, Any]]:

@@ -175,7 +175,8 @@ def _share_options(items: list[Any], kwargs: dict[str, Any]) -> list[dict[str, A
         return shares
     classes = [_method_class(item) for item in items]
     for key, value in kwargs.items():
-        takers = [i for i, cls in enumerate(classes) if key in cls.option_names() or key in cls.renamed_options]
+        takers = [i for i, cls in enumerate(classes) if key in cls.option_names()]
+        takers = takers or [i for i, cls in enumerate(classes) if key in cls.renamed_options]  # (an old name)
         if key in SHARED_OPTIONS and takers:  # one fact about the model: every method that has it takes it
             users = [i for i in takers if key not in classes[i].unused_shared_options]
             for i in users or takers:  # (only methods that do not use it: let the method say so)
