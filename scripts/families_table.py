@@ -1,5 +1,6 @@
-"""Print the families table (``rope_ext.families.support_table``), or rewrite it in README.md and docs/methods.md
-(the block between ``<!-- families-table:start -->`` and ``<!-- families-table:end -->``) with ``--write``.
+"""Print the families table (``rope_ext.families.support_table``), or rewrite it in docs/methods.md (the block between
+``<!-- families-table:start -->`` and ``<!-- families-table:end -->``) and README.md's summary of it (between
+``<!-- families-summary:start -->`` and ``<!-- families-summary:end -->``) with ``--write``.
 
     python scripts/families_table.py            # print it
     python scripts/families_table.py --write    # rewrite the docs' blocks (tests/test_support.py checks them)
@@ -10,10 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rope_ext.families import support_table, with_support_table
+from rope_ext.families import support_summary, support_table, with_support_table
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "docs/methods.md")
+#: each document and the block it holds
+DOCUMENTS = {"README.md": "summary", "docs/methods.md": "table"}
 
 
 def main() -> None:
@@ -24,10 +26,11 @@ def main() -> None:
     if not args.write:
         print(table, end="")
         return
-    for name in DOCUMENTS:
+    blocks = {"table": table, "summary": support_summary()}
+    for name, kind in DOCUMENTS.items():
         path = ROOT / name
         text = path.read_text(encoding="utf-8")
-        updated = with_support_table(text, table)
+        updated = with_support_table(text, blocks[kind], kind)
         if updated != text:
             path.write_text(updated, encoding="utf-8")
         print(f"{name}: {'rewritten' if updated != text else 'up to date'}")

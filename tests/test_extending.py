@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 
 import rope_ext
 from rope_ext import register_family, register_method, unregister_family, unregister_method
+from rope_ext.families import get_family, list_families
 from rope_ext.families.rotary import ROTARY_FAMILIES, RotaryFamily
 from rope_ext.methods import BiasConfig, FrequencyConfig, WindowRule
 from rope_ext.methods.frequency import default_inv_freq
@@ -50,6 +51,9 @@ def test_a_rope_family_is_one_table_row():
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     rotary = next(name for name, c in inspect.getmembers(modeling, inspect.isclass)
                   if name.endswith("RotaryEmbedding") and c.__module__ == modeling.__name__)
+    discovered = get_family(model_type) if model_type in list_families() else None  # (a row found at run time)
+    if discovered is not None:
+        unregister_family(model_type)
     family = register_family(RotaryFamily(model_type, f"{model_type}.modeling_{model_type}", rotary))
     try:
         model, ids = _tiny_of(model_type), _ids(40)
@@ -67,6 +71,8 @@ def test_a_rope_family_is_one_table_row():
         assert {"pi", "yarn", "rerope", "alibi"} <= set(family.methods)
     finally:
         unregister_family(model_type)
+        if discovered is not None:
+            register_family(discovered)
 
 
 # --- a frequency method ---------------------------------------------------------------------------------------

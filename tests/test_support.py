@@ -23,6 +23,7 @@ from rope_ext.families import (
     find_family,
     get_family,
     list_families,
+    support_summary,
     support_table,
     with_support_table,
 )
@@ -156,9 +157,9 @@ def test_a_family_whose_model_types_differ_is_listed_per_model_type():
         family.support("c")
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/methods.md"])
-def test_the_docs_families_table_is_the_generators(document):
+@pytest.mark.parametrize(("document", "kind"), [("README.md", "summary"), ("docs/methods.md", "table")])
+def test_the_docs_families_table_is_the_generators(document, kind):
     text = (ROOT / document).read_text(encoding="utf-8")
-    drifted = f"{document}'s families table drifted: run python scripts/families_table.py --write"
-    assert table_in(text) == support_table(), drifted
-    assert with_support_table(text) == text
+    drifted = f"{document}'s families {kind} drifted: run python scripts/families_table.py --write"
+    assert table_in(text, kind) == (support_table() if kind == "table" else support_summary()), drifted
+    assert with_support_table(text, kind=kind) == text

@@ -90,7 +90,9 @@ def rotation_refused(cls: type) -> str | None:
     * its ``apply_rotary_pos_emb`` pairs dims another way (GLM-4, ERNIE 4.5 interleave them): probed on random
       queries against ``rotate``;
     * its forward changes queries or keys after rotating them (HunYuan applies its q/k norm after RoPE): read off
-      the forward's source, a ``query_states``/``key_states`` assignment from a module call after the rotation.
+      the forward's source, a ``query_states``/``key_states`` assignment from a module call after the rotation;
+    * it rotates the last dims of each head (DeepSeek's multi-head latent attention: ``cat((q_pass, q_rot))``), or
+      rotates under a condition ``applies_rope`` does not read (AFMoE and Flint rotate their sliding layers only).
     """
     import sys
 
@@ -127,6 +129,55 @@ def rotation_refused(cls: type) -> str | None:
             "its attention transforms queries and keys after rotating them (a norm after RoPE), so they cannot be "
             "rotated at attention time instead"
         )
+    if re.search(r"torch\.cat\(\s*\(\s*\w*pass\w*\s*,\s*\w*rot", source):
+        return (
+            "its attention rotates the last dims of each head (the rope part after the position-free part, as "
+            "multi-head latent attention splits them), where rope_ext's attention-time rotation rotates the first"
+        )
+    condition = _rotation_condition(source)
+    if condition is not None and condition not in KNOWN_CONDITIONS:
+        return (
+            f"its attention rotates queries and keys only under a condition of its own ({condition}: layers without "
+            "positions), which rope_ext does not read off its layers"
+        )
+    return None
+
+
+#: the conditions under which a forward rotates that ``applies_rope`` reads off each layer (SmolLM3, EXAONE 4)
+KNOWN_CONDITIONS = ("if self.use_rope:", "if self.sliding_window is None or self.is_sliding:")
+
+
+def _rotation_condition(source: str) -> str | None:
+    """The ``if`` line that governs a forward's ``apply_rotary_pos_emb`` call (``None``: it runs on every call)."""
+    lines = source.splitlines()
+    at = next((i for i, line in enumerate(lines) if "apply_rotary_pos_emb(" in line), None)
+    if at is None:
+        return None
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    for line in reversed(lines[:at]):
+        stripped = line.strip()
+        if stripped and len(line) - len(line.lstrip()) < indent:
+            return " ".join(stripped.split()) if stripped.startswith(("if ", "elif ", "else")) else None
+    return None
+
+
+@functools.cache
+def program_refused(cls: type) -> str | None:
+    """Why no attention program may run in this attention class (``None``: one may), read off its forward: it
+    passes the attention function learned sinks (``s_aux``: gpt-oss, Granite SWA), or a mask of its own instead of
+    the one it was given (Doge's dynamic mask), neither of which rope_ext's attention takes."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
+    call = source.split("attention_interface(", 1)[1] if "attention_interface(" in source else ""
+    if re.search(r"\bs_aux\s*=", call):
+        return ("its attention adds learned sinks to the softmax (s_aux), which rope_ext's attention does not "
+                "implement; methods that rewrite attention are refused for it")
+    if re.search(r"\battention_mask\s*=\s*(?!attention_mask\b)\w", call):
+        return ("its attention passes the attention function a mask of its own making (not the padding and causal "
+                "mask it was given), which rope_ext's attention does not take; methods that rewrite attention are "
+                "refused for it")
     return None
 
 

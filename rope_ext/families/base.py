@@ -175,9 +175,17 @@ def get_family(name: str) -> FamilyAdapter:
     return _FAMILIES.get(name)
 
 
+#: functions that find an adapter for a model no registered family matches (``rope_ext.families.discovered``:
+#: a row of the rotary table read off the model's own transformers modeling package); they register what they find
+DISCOVERERS: list = []
+
+
 def find_family(model: nn.Module) -> FamilyAdapter:
-    """The adapter whose position sites ``model`` contains; raises listing the supported families."""
+    """The adapter whose position sites ``model`` contains (a registered family, else one a discoverer finds for it);
+    raises listing the supported families."""
     found = [adapter for adapter in _FAMILIES if adapter.matches(model)]
+    if not found:
+        found = [adapter for discover in DISCOVERERS if (adapter := discover(model)) is not None][:1]
     if len(found) == 1:
         return found[0]
     config = getattr(model, "config", None)

@@ -15,10 +15,16 @@ from rope_ext.methods import get_method_class
 
 TABLE_START = "<!-- families-table:start -->"
 TABLE_END = "<!-- families-table:end -->"
+SUMMARY_START = "<!-- families-summary:start -->"
+SUMMARY_END = "<!-- families-summary:end -->"
 
 
 def supports() -> list[Support]:
-    """Every registered family's support: one entry per family, or per group of its model types where they differ."""
+    """Every family's support, the rows found from transformers' causal-LM model list included (``discover_all``):
+    one entry per family, or per group of its model types where they differ."""
+    from rope_ext.families.discovered import discover_all
+
+    discover_all()
     return [support for name in list_families() for support in get_family(name).supports()]
 
 
@@ -66,19 +72,54 @@ def support_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def with_support_table(text: str, table: str | None = None) -> str:
-    """``text`` (a markdown document) with the block between its markers replaced by the table; raises
-    ``ValueError`` when it has no such block."""
-    pattern = re.compile(re.escape(TABLE_START) + r"\n.*?" + re.escape(TABLE_END), flags=re.DOTALL)
+def support_summary() -> str:
+    """The README's families paragraph: of the causal-LM model types with a rotary embedding, how many take each
+    kind of method, and how many are refused."""
+    import transformers
+
+    from rope_ext.families.discovered import rope_causal_lm_types
+
+    entries = supports()
+    rope = set(rope_causal_lm_types())
+    kinds = {t: s.kinds for s in entries for t in s.model_types if t in rope}
+
+    def taking(kind: str) -> int:
+        return sum(kind in k for k in kinds.values())
+
+    from rope_ext.families.rotary import RotaryFamily
+
+    others = sorted({s.family for s in entries if not isinstance(get_family(s.family), RotaryFamily)})
+    return (
+        f"Of the {len(rope)} causal-LM model types of transformers {transformers.__version__} whose modeling code has "
+        f"a rotary embedding, {taking('frequency')} take the frequency methods, {taking('position_rule')} the "
+        f"attention rewrites and {taking('bias')} the additive biases; {sum(not k for k in kinds.values())} are "
+        "refused with the reason (a rotary module in another convention: interleaved pairs, complex frequencies, "
+        f"M-RoPE), and {len(rope) - len(kinds)} are not found. Beside them: {', '.join(others)}, with position "
+        "encodings of their own. Every RoPE family is a row found from transformers' own model list, its support "
+        "measured; tests/test_conformance.py patches a tiny model of each causal-LM type "
+        "([docs/methods.md](docs/methods.md#families): the table, each refusal with its reason).\n"
+    )
+
+
+def _markers(kind: str) -> tuple[str, str]:
+    return (TABLE_START, TABLE_END) if kind == "table" else (SUMMARY_START, SUMMARY_END)
+
+
+def with_support_table(text: str, table: str | None = None, kind: str = "table") -> str:
+    """``text`` (a markdown document) with the block between its markers (``kind``: the table, or the README's
+    summary) replaced; raises ``ValueError`` when it has no such block."""
+    start, end = _markers(kind)
+    pattern = re.compile(re.escape(start) + r"\n.*?" + re.escape(end), flags=re.DOTALL)
     if len(pattern.findall(text)) != 1:
-        raise ValueError(f"expected one block between {TABLE_START} and {TABLE_END} (each on its own line)")
-    block = f"{TABLE_START}\n{table if table is not None else support_table()}{TABLE_END}"
-    return pattern.sub(lambda _: block, text)
+        raise ValueError(f"expected one block between {start} and {end} (each on its own line)")
+    body = table if table is not None else (support_table() if kind == "table" else support_summary())
+    return pattern.sub(lambda _: f"{start}\n{body}{end}", text)
 
 
-def table_in(text: str) -> str:
-    """The table a document holds between the markers."""
-    match = re.search(re.escape(TABLE_START) + r"\n(.*?)" + re.escape(TABLE_END), text, flags=re.DOTALL)
+def table_in(text: str, kind: str = "table") -> str:
+    """The block a document holds between the markers of ``kind``."""
+    start, end = _markers(kind)
+    match = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), text, flags=re.DOTALL)
     if match is None:
-        raise ValueError(f"no block between {TABLE_START} and {TABLE_END}")
+        raise ValueError(f"no block between {start} and {end}")
     return match[1]

@@ -23,14 +23,32 @@ import inspect
 
 from torch import nn
 
+from rope_ext.families.attention import (
+    attention_site,
+    dispatches_through_interface,
+    program_refused,
+    rotation_refused,
+)
+from rope_ext.families.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
+from rope_ext.families.support import Refusals
 from rope_ext.installers.attention import AttentionSite
 from rope_ext.installers.base import Sites
 from rope_ext.installers.rotary import RotarySite
-from rope_ext.families.attention import attention_site, dispatches_through_interface, rotation_refused
-from rope_ext.families.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
-from rope_ext.families.support import Refusals
 
 _PREFIX = "transformers.models."
+
+
+#: the rotary module's measured conventions that no rope_ext method takes: words of the rotary site's refusal -> the
+#: family-level reason (a refusal that depends on the checkpoint, a missing original length, is not among them)
+NOT_STANDARD = (
+    ("returned a Tensor", "its rotary module returns complex frequencies (freqs_cis), not (cos, sin): Llama 4's and "
+                          "DeepSeek-V2's convention, which rope_ext's rotary does not take"),
+    ("M-RoPE", "its rotary embedding is multimodal RoPE (M-RoPE: frequencies split among three position streams), "
+               "which rope_ext's rotary does not take"),
+    ("not standard RoPE", "its rotary module is not standard RoPE (measured on one built from its default config: "
+                          "its cos/sin are not cat(freqs, freqs) at the config's base, e.g. interleaved pairs or "
+                          "half-size tables), which rope_ext's rotary does not take"),
+)
 
 
 class RotaryFamily(FamilyAdapter):
@@ -66,13 +84,49 @@ class RotaryFamily(FamilyAdapter):
         return frozenset({RotarySite.kind, AttentionSite.kind}) if attention else frozenset({RotarySite.kind})
 
     def refusals(self, model_type: str) -> Refusals:
-        """Softcapping (``FamilyAdapter.refusals``), and a rotation that cannot move into attention (read off the
-        attention classes: their pair layout, a transform after rotating)."""
+        """A rotary module that is not standard RoPE; softcapping (``FamilyAdapter.refusals``), an attention whose call
+        takes what rope_ext's does not (sinks, a
+        mask of its own), and a rotation that cannot move into attention (read off the attention classes: their pair
+        layout, a transform after rotating)."""
         found = super().refusals(model_type)
+        rotary = self.rotary_refused(model_type)
+        if rotary is not None:  # (nothing of the family runs: every kind needs its rotary)
+            return Refusals({**found.sites, RotarySite.kind: rotary, AttentionSite.kind: rotary})
         if AttentionSite.kind not in self.site_kinds:
             return found
         rotation = next(filter(None, map(rotation_refused, self.attention_classes)), None)
-        return Refusals(found.sites, rotation)
+        program = next(filter(None, map(program_refused, self.attention_classes)), None)
+        sites = found.sites if program is None else {**found.sites, AttentionSite.kind: program}
+        return Refusals(sites, rotation)
+
+    def rotary_refused(self, model_type: str) -> str | None:
+        """Why the family's rotary module is not standard RoPE, measured on one built from the model type's default
+        config, as ``patch`` measures a model's (``RotarySite``'s convention check: its cos/sin against
+        ``cat(freqs, freqs)``); ``None``: it is, or no module could be built from the default config (then ``patch``
+        measures the model's own)."""
+        from rope_ext.families.support import config_class_of
+
+        from transformers.utils import logging
+
+        config_class = config_class_of(model_type)
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # (a default config's own warnings: token ids outside a vocabulary, ...)
+        try:
+            config = config_class().get_text_config()
+            module = getattr(importlib.import_module(self.module), self.class_name)(config=config)
+        except Exception:  # noqa: BLE001  (a rotary class built otherwise: the model's own is measured when patching)
+            return None
+        finally:
+            logging.set_verbosity(verbosity)
+        site = RotarySite(self.name, module, "", module, self.default_layer_types, self.native_rope_types)
+        try:
+            for layer_type in site.layer_types(None):
+                site.spec(layer_type, None, True)
+        except ValueError as error:
+            return next((why for words, why in NOT_STANDARD if words in str(error)), None)
+        except Exception:  # noqa: BLE001
+            return None
+        return None
 
     def _is_rotary(self, module: nn.Module) -> bool:
         return derives_from(module, self.module, self.class_name)

@@ -203,7 +203,9 @@ def _switch_off_positions(builder: PlanBuilder, method: str, family: str) -> Non
         raise ValueError(f"{method}: {family}: found no position encoding (rotary module or position table) to replace")
     for site in rotary_sites:
         rotary = site.replacement(builder)
-        layer_types = list(getattr(site.module, "layer_types", None) or [None])
+        parameters = getattr(site.config, "rope_parameters", None) or {}  # (a NoPE layer type's are None: no rotary)
+        layer_types = [lt for lt in getattr(site.module, "layer_types", None) or [None]
+                       if lt is None or parameters.get(lt) is not None]
         rotary.set_identity({layer_type: site.spec(layer_type, None, True) for layer_type in layer_types})
     for site in absolute_sites:
         site.replacement(builder).switch_off()

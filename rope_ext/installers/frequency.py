@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any
 
 from torch import nn
 
@@ -19,6 +20,24 @@ from rope_ext.installers.combination import ROTATES_IN_ATTENTION
 from rope_ext.installers.rotary import BASE_KEYS, RopeExtRotaryEmbedding, RotarySite
 from rope_ext.installers.rotation import rotate_in_attention
 from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
+
+#: keys of a checkpoint's rope parameters kept beside a method's own: the base rotation, and what the attention reads
+#: beside the rotary (Ministral 3's attention temperature, ``llama_4_scaling_beta``)
+KEPT_KEYS = (*BASE_KEYS, "llama_4_scaling_beta")
+
+
+def _config_takes(config: Any, rope_parameters: Any) -> bool:
+    """Whether ``config``'s class accepts these rope parameters (Phi-MoE's validates LongRoPE's fields whatever the
+    rope type): tried on a copy."""
+    trial = copy.deepcopy(config)
+    try:
+        trial.rope_parameters = rope_parameters
+        validate = getattr(trial, "validate_rope", None)
+        if callable(validate):
+            validate()
+    except Exception:  # noqa: BLE001  (a config class's own validation errors: huggingface_hub's strict dataclasses)
+        return False
+    return True
 
 
 class FrequencyInstaller(HookInstaller):
@@ -84,11 +103,13 @@ class FrequencyInstaller(HookInstaller):
         rope_parameters = copy.deepcopy(config.rope_parameters)
         for layer_type, params in native.items():
             current = site.params(layer_type)
-            merged = {key: current[key] for key in BASE_KEYS if key in current} | params
+            merged = {key: current[key] for key in KEPT_KEYS if key in current} | params
             if layer_type is None:
                 rope_parameters = merged
             else:
                 rope_parameters[layer_type] = merged
+        if not _config_takes(config, rope_parameters):  # (a config class that validates fields of its own rope type)
+            return
         builder.edit_config(config, "rope_parameters", rope_parameters)
         originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
         if originals and hasattr(config, "original_max_position_embeddings"):

@@ -168,11 +168,16 @@ class RotarySite(Site):
                     f"from); leave layer_types out (--layer-types), got {requested!r}"
                 )
             return [None]
-        available = list(available)
+        parameters = getattr(self.config, "rope_parameters", None) or {}
+        nope = [lt for lt in available if lt in parameters and parameters[lt] is None]  # (Beam's full layers)
+        available = [lt for lt in available if lt not in nope]
         if requested is None:
-            requested = [lt for lt in (self.default_layer_types or available) if lt in available]
+            requested = [lt for lt in (self.default_layer_types or available) if lt in available] or available
         if not requested:
             raise ValueError(f"{self.family}: layer_types is empty; choose at least one of {available}")
+        if set(requested) & set(nope):
+            raise ValueError(f"{self.family}: layer types {sorted(set(requested) & set(nope))} use no rotary "
+                             f"embedding (NoPE); valid layer types: {available}")
         bad = [lt for lt in requested if lt not in available]
         if bad:
             raise ValueError(f"{self.family}: unknown layer_types {bad}; valid layer types: {available}")
@@ -274,6 +279,12 @@ class RotarySite(Site):
         context, and the module's state is put back afterwards (dynamic rope types update it on a call).
         """
         module = self.module
+        if getattr(module, "mrope_section", None) is not None:  # (Qwen2-VL's and Qwen3.5's: 3 position streams)
+            raise ValueError(
+                f"{self.family}: the model's rotary embedding is multimodal RoPE (M-RoPE, mrope_section="
+                f"{list(module.mrope_section)}): its frequencies are split among three position streams (time, height, "
+                "width), which rope_ext's rotary does not take; rope_ext cannot patch this model's RoPE variant"
+            )
         device, kept = _frequency_placement(module)
         inv_freq, attention_factor = self._expected_inv_freq(layer_type, params, spec, device)
         inv_freq = inv_freq.to(kept).float()
@@ -282,9 +293,19 @@ class RotarySite(Site):
         positions = torch.arange(0, stop, max(1, stop // 16), device=device)[None]  # [1, ~16]
         state = _snapshot(module)
         try:
-            cos, sin = module(probe, positions) if layer_type is None else module(probe, positions, layer_type)
+            returned = module(probe, positions) if layer_type is None else module(probe, positions, layer_type)
+        except (RuntimeError, ValueError, TypeError, IndexError) as error:  # (another call convention: M-RoPE's ids)
+            returned = error
         finally:
             _restore(module, state)
+        if not (isinstance(returned, tuple) and len(returned) == 2 and all(map(torch.is_tensor, returned))):
+            what = (f"raised {type(returned).__name__}: {str(returned).splitlines()[0][:120]}"
+                    if isinstance(returned, Exception) else f"returned a {type(returned).__name__}, not (cos, sin)")
+            raise ValueError(
+                f"{self.family}: the model's rotary embedding is not standard RoPE: called as transformers' shared "
+                f"rotary module is, with (x, position_ids), it {what}; rope_ext cannot patch this model's RoPE variant"
+            )
+        cos, sin = returned
         expected_cos, expected_sin = rope_cos_sin(positions, inv_freq, attention_factor)
         tolerance = 1e-5  # exact up to float32 arithmetic: the expected frequencies carry the module's rounding
         if cos.shape != expected_cos.shape:

@@ -1,0 +1,101 @@
+"""Tiny models of every causal-LM model type transformers lists whose modeling code has a text rotary embedding: the
+shrinking recipe (tests/test_conformance.py runs the checks; scripts/conformance.py writes the matrix).
+
+``model_types()`` is read from transformers at run time (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` crossed with the
+modeling files that define a ``*RotaryEmbedding`` class), so a new release's families are tried the day the pin
+moves. ``tiny_config(model_type)`` shrinks the type's default config: the common sizes, MoE sizes, MLA ranks, a
+layer-type list cut to its first kinds, the text part of a composite config; ``parameters_on_meta`` counts a
+model's parameters before anything is allocated (a default config forgotten unshrunk is gigabytes).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rope_ext.families.discovered import rope_causal_lm_types
+
+ORIGINAL = 64
+VOCAB = 128
+#: the sizes every tiny model takes where its config has the attribute
+COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=ORIGINAL, pad_token_id=0, bos_token_id=1,
+    eos_token_id=2, tie_word_embeddings=False,
+)
+#: mixture-of-experts sizes
+MOE: dict[str, Any] = dict(
+    num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=32, shared_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+    n_group=1, topk_group=1, num_dense_layers=1,
+)
+#: multi-head latent attention (DeepSeek-V2/V3 and their kin): the rotary part of the head is qk_rope_head_dim
+MLA: dict[str, Any] = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+#: DeepSeek-V3.2's sparse attention indexer (its own small heads)
+INDEXER: dict[str, Any] = dict(index_head_dim=16, index_n_heads=2, index_topk=8)
+#: the few types whose layer pattern the generic recipe cannot cut (a hybrid's attention layer indices)
+RECIPES: dict[str, dict[str, Any]] = {
+    "bamba": dict(attn_layer_indices=[1]),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+    "mimo_v2_flash": dict(head_dim=24),  # (its partial rotary factor, 1/3, of 16 dims is an odd 5)
+    "moshi": dict(sliding_window=4 * ORIGINAL),  # (its config takes no None)
+}
+#: the most parameters a tiny model may have
+MAX_PARAMETERS = 5_000_000
+
+
+def model_types() -> list[str]:
+    """The causal-LM model types whose modeling file defines one text rotary class, sorted (read from transformers)."""
+    return rope_causal_lm_types()
+
+
+def _settable(config: Any, name: str) -> bool:
+    return hasattr(config, name) and not isinstance(getattr(type(config), name, None), property)
+
+
+def _shrunk(config: Any) -> dict[str, Any]:
+    sizes = {**COMMON, **MOE}
+    if getattr(config, "qk_rope_head_dim", None):  # (MLA: the rotary head is the rope part)
+        sizes.update(MLA, head_dim=MLA["qk_rope_head_dim"], qk_head_dim=MLA["qk_rope_head_dim"] + MLA["qk_nope_head_dim"])
+    sizes.update(INDEXER)
+    out = {name: value for name, value in sizes.items() if _settable(config, name)}
+    layered = isinstance(getattr(config, "layer_types", None), (list, tuple)) and "layer_types" in config.to_dict()
+    for name in ("sliding_window", "attention_chunk_size"):  # (a window on every layer: a checkpoint's choice, off)
+        if getattr(config, name, None) and _settable(config, name):
+            out[name] = ORIGINAL // 2 if layered else None
+    layer_types = getattr(config, "layer_types", None)
+    if (isinstance(layer_types, (list, tuple)) and layer_types and "layer_types" in config.to_dict()
+            and "layer_types" not in out):
+        kinds = list(dict.fromkeys(layer_types))
+        out["layer_types"] = (kinds * 2)[: max(2, len(kinds))]
+        out["num_hidden_layers"] = len(out["layer_types"])
+    return {**out, **RECIPES.get(config.model_type, {})}
+
+
+def tiny_config(model_type: str, **extra: Any) -> Any:
+    """The type's default config shrunk (``extra`` on top: ``rope_parameters`` for a native rope type)."""
+    config = AutoConfig.for_model(model_type)
+    text = getattr(config, "text_config", None)
+    if text is not None and text is not config:
+        kwargs = {"text_config": {**text.to_dict(), **_shrunk(text), **extra}}
+        return AutoConfig.for_model(model_type, **kwargs)
+    return AutoConfig.for_model(model_type, **{**_shrunk(config), **extra})
+
+
+def parameters_on_meta(config: Any) -> int:
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def tiny_model(model_type: str, seed: int = 0, **extra: Any) -> torch.nn.Module:
+    """A tiny randomly initialised model of ``model_type`` in eval mode; refuses a config the recipe leaves large."""
+    config = tiny_config(model_type, **extra)
+    count = parameters_on_meta(config)
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"{model_type}: the tiny recipe leaves {count:,} parameters (a part it does not shrink)")
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()

@@ -1,0 +1,156 @@
+"""Every RoPE causal LM of the pinned transformers, from its own model list: a tiny model of each type is built from
+its config class (tests/conformance.py) and patched as a user would. Families found at run time (no row kept by
+hand: ``rope_ext.families.discovered``) are held to what the hand-kept rows are.
+
+For each type that builds: ``patch`` finds a family or refuses in one line; where the frequency methods fit, YaRN
+moves the logits, equals transformers' own ``yarn`` rope type on the same weights, and ``unpatch`` restores the
+logits bit-exactly; where a position rule fits, ReRoPE with a window covering the sequence is the unpatched model;
+where a bias fits, ALiBi patches and unpatches exactly. A type that is refused must be listed below with the reason's
+words, a type the recipe cannot build yet must be listed with its error's, and a listed one that starts working
+fails the test until its line is removed: a new release's families turn the suite red the day the pin moves.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conformance import ORIGINAL, VOCAB, model_types, tiny_model
+
+import rope_ext
+from rope_ext.families import find_family
+
+#: types the tiny recipe cannot build yet -> words of the error (the recipe's gap, not rope_ext's)
+NOT_BUILT = {
+    "axk2": "must match the size of tensor",
+    "blt": "the tiny recipe leaves",
+    "cohere_compass_text": "full_attention",
+    "dbrx": "rope_theta",
+    "deepseek_v32": "must match the size of tensor",
+    "dots3_note": "per-layer attribute",
+    "dots3_note_text": "per-layer attribute",
+    "gemma3": "the tiny recipe leaves",
+    "gemma3n": "activation_sparsity_pattern",
+    "gemma3n_text": "layer types producing a cache",
+    "gemma4": "per-layer attribute",
+    "gemma4_text": "per-layer attribute",
+    "gemma4_unified": "per-layer attribute",
+    "gemma4_unified_text": "per-layer attribute",
+    "glm_moe_dsa": "must match the size of tensor",
+    "granitemoehybrid": "get_seq_length",
+    "longcat_flash": "the tiny recipe leaves",
+    "phi4_multimodal": "the tiny recipe leaves",
+    "qwen4_exp": "unsupported operand",
+    "qwen4_exp_text": "unsupported operand",
+    "recurrent_gemma": "get_seq_length",
+    "zamba2": "num_hidden_layers",
+    "zaya": "validate_architecture",
+}
+#: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
+#: table row: interleaved pairs, complex frequencies, M-RoPE, another rotary call, p-RoPE without its length)
+NOT_STANDARD = "not standard RoPE"
+FREQUENCY_REFUSED: dict[str, str] = {
+    "cohere": NOT_STANDARD, "cohere2": NOT_STANDARD, "cohere2_moe": NOT_STANDARD,  # (interleaved pairs)
+    "deepseek_v2": "complex frequencies", "deepseek_v4": NOT_STANDARD, "gpt_oss": NOT_STANDARD,
+    "llama4": "complex frequencies", "llama4_text": "complex frequencies",
+    "lfm3": "gives no original context length",
+    "qwen3_5": "M-RoPE", "qwen3_5_moe": "M-RoPE", "qwen3_5_moe_text": "M-RoPE", "qwen3_5_text": "M-RoPE",
+}
+#: of those, the refusals a checkpoint's config decides (the family's listing keeps the method)
+CHECKPOINT_REFUSED = ("lfm3",)
+#: types whose tiny model refuses the attention rewrites and biases its family's support lists -> the reason's words
+#: (what a checkpoint's layers allow: NoPE full layers beside sliding ones; every layer sliding)
+RULE_REFUSED: dict[str, str] = {
+    "exaone4": "no layer to rewrite", "exaone_moe": "no layer to rewrite", "kolibri1": "no layer to rewrite",
+    "ministral": "every layer of this model uses sliding-window attention",
+    # (the family's support lists attention kinds its model has no site for: a gap of the support predicate)
+    "moshi": "does not run the function transformers' AttentionInterface holds",
+}
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _existing_scaling(model: torch.nn.Module) -> bool:
+    """Whether the type's default config already scales its RoPE (gpt-oss's and Ministral 3's YaRN)."""
+    config = model.config.get_text_config()
+    parameters = getattr(config, "rope_parameters", None) or {}
+    kinds = parameters.values() if all(isinstance(v, dict) for v in parameters.values()) and parameters else [parameters]
+    return any(p.get("rope_type", "default") not in ("default", None) for p in kinds)
+
+
+def _native_yarn(model_type: str, model: torch.nn.Module) -> torch.nn.Module | None:
+    """The same weights with transformers' own ``yarn`` rope type, factor 4 over the tiny native context (``None``
+    where the type's config takes no such parameters)."""
+    config = model.config.get_text_config()
+    parameters = copy.deepcopy(getattr(config, "rope_parameters", None))
+    if not isinstance(parameters, dict) or not parameters:
+        return None
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+    if all(isinstance(v, dict) or v is None for v in parameters.values()):  # (per layer type: those the family
+        rotary = [k for k, v in parameters.items() if v is not None]  # patches by default; None: a NoPE type)
+        default = [t for t in getattr(find_family(model), "default_layer_types", None) or () if t in rotary]
+        parameters = {k: {**v, **yarn} if k in (default or rotary) else v for k, v in parameters.items()}
+    else:
+        parameters = {**parameters, **yarn}
+    try:
+        native = tiny_model(model_type, rope_parameters=parameters)
+    except Exception:  # noqa: BLE001  (a config class that takes no yarn parameters: its own validation errors)
+        return None
+    native.load_state_dict(model.state_dict())
+    return native
+
+
+@pytest.mark.parametrize("model_type", model_types())
+def test_every_rope_causal_lm_of_transformers(model_type):
+    try:
+        model = tiny_model(model_type)
+        ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+        base = _logits(model, ids)
+    except Exception as error:  # (the recipe's gap: listed with its words)
+        assert model_type in NOT_BUILT, f"{model_type} does not build: {type(error).__name__}: {error}"
+        assert NOT_BUILT[model_type] in str(error), f"{model_type} fails otherwise now: {error}"
+        return
+    assert model_type not in NOT_BUILT, f"{model_type} builds now: take it out of NOT_BUILT"
+    options = {"replace_scaling": True} if _existing_scaling(model) else {}
+    try:
+        support = find_family(model).support(model)
+        rope_ext.patch(model, "yarn:factor=4", **options)
+    except ValueError as error:
+        assert "\n" not in str(error)
+        assert model_type in FREQUENCY_REFUSED, f"{model_type}: yarn refused: {error}"
+        assert FREQUENCY_REFUSED[model_type] in str(error)
+        assert rope_ext.get_patch(model) is None and torch.equal(_logits(model, ids), base)
+        # (what `rope-ext families` lists: the family's support refuses it too, but where the checkpoint decides)
+        assert not support.fits("yarn") or model_type in CHECKPOINT_REFUSED, f"{model_type}: listed, refused"
+        return
+    assert model_type not in FREQUENCY_REFUSED, f"{model_type} takes yarn now: take it out of FREQUENCY_REFUSED"
+    assert support.fits("yarn")
+    patched = _logits(model, ids)
+    rope_ext.unpatch(model)
+    assert torch.equal(_logits(model, ids), base)
+    assert not torch.equal(patched, base), f"{model_type}: yarn left the logits as they were"
+    native = None if options else _native_yarn(model_type, model)
+    if native is not None:
+        torch.testing.assert_close(patched, _logits(native, ids), rtol=1e-5, atol=1e-5)
+    refused = []
+    for kind, spec in (("position_rule", "rerope:w=32"), ("bias", "alibi")):
+        if kind not in support.kinds:
+            continue
+        try:
+            with rope_ext.patched(model, spec, **options):
+                logits = _logits(model, ids)
+        except ValueError as error:
+            assert "\n" not in str(error) and RULE_REFUSED.get(model_type, "\n") in str(error), error
+            refused.append(spec)
+            continue
+        finally:
+            assert torch.equal(_logits(model, ids), base)
+        if kind == "position_rule":  # (a window covering the 24 tokens: exact positions)
+            torch.testing.assert_close(logits, base, rtol=1e-5, atol=1e-5)
+        else:
+            assert not torch.equal(logits, base)
+    assert bool(refused) == (model_type in RULE_REFUSED), f"{model_type}: refused {refused}; RULE_REFUSED is stale"
