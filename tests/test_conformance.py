@@ -64,8 +64,6 @@ CHECKPOINT_REFUSED = ("lfm3",)
 RULE_REFUSED: dict[str, str] = {
     "exaone4": "no layer to rewrite", "exaone_moe": "no layer to rewrite", "kolibri1": "no layer to rewrite",
     "ministral": "every layer of this model uses sliding-window attention",
-    # (the family's support lists attention kinds its model has no site for: a gap of the support predicate)
-    "moshi": "does not run the function transformers' AttentionInterface holds",
 }
 
 

@@ -77,7 +77,8 @@ def forward(model) -> None:
 
 
 def test_every_registered_family_has_a_tiny_model_here():
-    assert {family for family, _ in BUILDERS} == set(list_families())
+    kept = {name for name in list_families() if not get_family(name).discovered}  # (found rows: test_conformance.py)
+    assert {family for family, _ in BUILDERS} == kept
     for family, model_type in BUILDERS:
         assert model_type in get_family(family).model_types
 

@@ -119,11 +119,10 @@ def rotation_refused(cls: type) -> str | None:
                 "its attention applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
                 "rope_ext's attention-time rotation does not reproduce"
             )
-    try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
+    source = _forward_source(cls)
+    if source is None:
         return None
-    after = source.split("apply_rotary_pos_emb(", 1)[1] if "apply_rotary_pos_emb(" in source else ""
+    after = _after(source, "apply_rotary_pos_emb(")
     if re.search(r"(query|key)_states\s*=\s*self\.\w+\((query|key)_states", after):
         return (
             "its attention transforms queries and keys after rotating them (a norm after RoPE), so they cannot be "
@@ -161,16 +160,36 @@ def _rotation_condition(source: str) -> str | None:
     return None
 
 
-@functools.cache
-def program_refused(cls: type) -> str | None:
-    """Why no attention program may run in this attention class (``None``: one may), read off its forward: it
-    passes the attention function learned sinks (``s_aux``: gpt-oss, Granite SWA), or a mask of its own instead of
-    the one it was given (Doge's dynamic mask), neither of which rope_ext's attention takes."""
+def _forward_source(cls: type) -> str | None:
+    """The source of a class's ``forward`` (``None``: not readable)."""
     try:
-        source = inspect.getsource(cls.forward)
+        return inspect.getsource(cls.forward)
     except (OSError, TypeError):
         return None
-    call = source.split("attention_interface(", 1)[1] if "attention_interface(" in source else ""
+
+
+def _after(source: str, marker: str) -> str:
+    """What ``source`` says after its first ``marker`` (nothing where it has none)."""
+    return source.split(marker, 1)[1] if marker in source else ""
+
+
+@functools.cache
+def program_refused(cls: type) -> str | None:
+    """Why no attention program may run in this attention class (``None``: one may), read off its code: it holds a
+    rotary module per layer (Moshi), or its forward passes the attention function learned sinks (``s_aux``: gpt-oss,
+    Granite SWA) or a mask of its own instead of the one it was given (Doge's dynamic mask), none of which rope_ext's
+    attention takes."""
+    try:
+        if "RotaryEmbedding(" in inspect.getsource(cls.__init__):
+            return ("each of its attention layers holds a rotary module of its own (Moshi's), where rope_ext's "
+                    "attention rewrites take the one module the model shares; methods that rewrite attention are "
+                    "refused for it")
+    except (OSError, TypeError):
+        pass
+    source = _forward_source(cls)
+    if source is None:
+        return None
+    call = _after(source, "attention_interface(")
     if re.search(r"\bs_aux\s*=", call):
         return ("its attention adds learned sinks to the softmax (s_aux), which rope_ext's attention does not "
                 "implement; methods that rewrite attention are refused for it")

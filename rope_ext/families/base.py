@@ -41,6 +41,8 @@ class FamilyAdapter(ABC):
     site_kinds: frozenset[str]
     #: whether the family's models predict the next token from the ones before (what ``rope-ext eval`` scores)
     causal: bool = True
+    #: a row found from transformers' model list at run time (``rope_ext.families.discovered``), not kept by hand
+    discovered: bool = False
 
     @property
     def hooks(self) -> frozenset[str]:

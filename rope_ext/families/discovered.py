@@ -53,7 +53,9 @@ def _row(module_path: str, class_name: str) -> RotaryFamily | None:
     name = _package(module_path)
     if name in list_families():
         return None
-    return RotaryFamily(name, module_path[len(_PREFIX):], class_name, default_layer_types=DEFAULT_LAYER_TYPES)
+    row = RotaryFamily(name, module_path[len(_PREFIX):], class_name, default_layer_types=DEFAULT_LAYER_TYPES)
+    row.discovered = True
+    return row
 
 
 def discover(model: nn.Module) -> RotaryFamily | None:
