@@ -446,6 +446,21 @@ def test_methods_name_takes_any_case_and_a_whole_spec(capsys, given):
     assert capsys.readouterr().out.startswith("yarn (hook kind: frequency)")
 
 
+@pytest.mark.parametrize(("given", "message"), [
+    ("yarn:factor=2+dca", "'yarn:factor=2+dca' combines 2 methods; give one at a time: rope-ext methods yarn, "
+                          "rope-ext methods dca"),
+    ("dca:bogus=1", "dca: unknown option(s) bogus; valid options: chunk_size, local_window, scale_queries"),
+    ("yarn:factor=0", "yarn: factor must be a number >= 1"),
+    ("none", "'none' is the unpatched model in --methods (no method, no options)"),
+])
+def test_methods_name_refuses_what_it_would_drop(capsys, given, message):
+    """A combination, a bad option or ``none`` are not listed as if they were one method (a trial found them
+    silently dropped)."""
+    assert main(["methods", given]) == 2
+    err = capsys.readouterr().err
+    assert f"rope-ext: error: {message}" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("methods", "expected"),
     [

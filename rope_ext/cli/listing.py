@@ -8,8 +8,9 @@ import re
 import textwrap
 
 from rope_ext.families import listing
-from rope_ext.methods import get_method_class, list_methods
+from rope_ext.methods import get_method_class, list_methods, make_config
 from rope_ext.methods.options import CHECK, meaning_of
+from rope_ext.methods.spec import split_spec
 
 #: the width ``rope-ext methods NAME`` wraps a summary and each option's meaning to
 WIDTH = 100
@@ -76,9 +77,20 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _method_name(given: str) -> str:
-    """The method ``given`` names: its options dropped (``yarn:factor=4``: yarn), any case (``YARN``)."""
-    name = given.strip().split(":", 1)[0].strip()
-    return name.lower() if name.lower() in list_methods() else name
+    """The method ``given`` names, any case (``YARN``); a spec's options are checked, then dropped (``yarn:factor=4``:
+    yarn). A combination or ``none`` is refused, saying what to give."""
+    text = given.strip()
+    parts = [part.strip().split(":", 1)[0].strip() for part in split_spec(text, "+")]
+    if len(parts) > 1:
+        raise ValueError(f"{text!r} combines {len(parts)} methods; give one at a time: "
+                         + ", ".join(f"rope-ext methods {part}" for part in parts))
+    name = parts[0].lower() if parts and parts[0].lower() in list_methods() else (parts[0] if parts else text)
+    if name == "none":
+        raise ValueError("'none' is the unpatched model in --methods (no method, no options); rope-ext methods lists "
+                         "the methods")
+    if ":" in text:
+        make_config(name + text[text.index(":"):])  # (a bad option: its message, not a listing of another spec)
+    return name
 
 
 def refuses_none(field: dataclasses.Field, default: object) -> bool:
