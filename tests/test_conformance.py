@@ -51,11 +51,9 @@ NOT_BUILT = {
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
 NO_PADDED_BATCH = ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu")
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
-#: table row: interleaved pairs, complex frequencies, M-RoPE, another rotary call, p-RoPE without its length)
-NOT_STANDARD = "not standard RoPE"
+#: table row: complex frequencies, M-RoPE, p-RoPE without its length)
 FREQUENCY_REFUSED: dict[str, str] = {
-    "cohere": NOT_STANDARD, "cohere2": NOT_STANDARD, "cohere2_moe": NOT_STANDARD,  # (interleaved pairs)
-    "deepseek_v2": "complex frequencies", "deepseek_v4": NOT_STANDARD, "gpt_oss": NOT_STANDARD,
+    "deepseek_v2": "complex frequencies",
     "llama4": "complex frequencies", "llama4_text": "complex frequencies",
     "lfm3": "gives no original context length",
     "qwen3_5": "M-RoPE", "qwen3_5_moe": "M-RoPE", "qwen3_5_moe_text": "M-RoPE", "qwen3_5_text": "M-RoPE",

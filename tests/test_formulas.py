@@ -676,3 +676,22 @@ def test_whole_model_equals_attention_from_the_hand_formulas(name, path, monkeyp
         assert seen.counts == ({"dual_chunk": 2} if path == "fast" else {"general": 2})
     torch.testing.assert_close(fast, expected, rtol=0, atol=2e-5)
     assert (expected - unpatched).abs().max() > 1e-2  # the formulas move these logits far past the tolerance
+
+
+def test_rotary_tables_in_each_layout_at_hand_values():
+    """``rope_cos_sin``'s layouts (the tables a model's own rotary module returns, which a patched one keeps): at
+    position p with frequencies (1, 1/2), ``cat`` is (p, p/2, p, p/2), ``interleave`` (p, p, p/2, p/2), ``half``
+    (p, p/2), each times the attention factor; another layout is refused naming the valid ones."""
+    from rope_ext.methods.rope import rope_cos_sin
+
+    positions, inv_freq, factor = torch.tensor([[0, 1, 3]]), torch.tensor([1.0, 0.5]), 1.25
+    angles = {"cat": lambda p: [p, p / 2, p, p / 2], "interleave": lambda p: [p, p, p / 2, p / 2],
+              "half": lambda p: [p, p / 2]}
+    for layout, of in angles.items():
+        cos, sin = rope_cos_sin(positions, inv_freq, factor, layout)
+        torch.testing.assert_close(cos, hand([[[math.cos(a) * factor for a in of(p)] for p in (0, 1, 3)]]).float(),
+                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(sin, hand([[[math.sin(a) * factor for a in of(p)] for p in (0, 1, 3)]]).float(),
+                                   rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="unknown rotary table layout 'pairs'; valid layouts: cat, interleave, half"):
+        rope_cos_sin(positions, inv_freq, factor, "pairs")

@@ -55,7 +55,8 @@ def test_model_cast_after_loading_can_be_patched_and_restored(cast, family):
 def test_convention_error_says_what_was_compared():
     model = tiny_model("llama").to(torch.bfloat16)
     model.model.rotary_emb.inv_freq.mul_(0.5)
-    with pytest.raises(ValueError, match=r"compared with cat\(freqs, freqs\) using inv_freq held in torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"compared with cat\(freqs, freqs\), its pairs interleaved and one entry a "
+                                         r"pair, using inv_freq held in torch.bfloat16 \(cat: max \|diff\|"):
         rope_ext.patch(model, "yarn", factor=2.0)
 
 

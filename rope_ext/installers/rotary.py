@@ -16,6 +16,7 @@ sliding-window layers by default) go to the original module, kept as ``.original
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,7 +27,7 @@ from rope_ext.installers.base import PlanBuilder, RopeExtModule, Site
 from rope_ext.methods import FrequencyConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
-from rope_ext.methods.rope import rope_cos_sin
+from rope_ext.methods.rope import LAYOUTS, rope_cos_sin
 
 #: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
 BASE_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -113,11 +114,12 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             if layer_type is None:
                 return self.original(x, position_ids)
             return self.original(x, position_ids, layer_type)
+        layout = self.specs[layer_type].layout
         if layer_type in self.identity:
-            shape = (*position_ids.shape, self.identity[layer_type])
+            shape = (*position_ids.shape, self.identity[layer_type] // (2 if layout == "half" else 1))
             return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
         inv_freq, attention_factor = self.frequencies(position_ids, layer_type, x.device)
-        cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor)
+        cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor, layout)
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
     def extra_repr(self) -> str:
@@ -243,8 +245,7 @@ class RotarySite(Site):
         if original < 2:
             raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")
         spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original)
-        self._check_convention(layer_type, params, spec)
-        return spec
+        return dataclasses.replace(spec, layout=self._check_convention(layer_type, params, spec))
 
     def _check_existing_scaling(self, layer_type: str | None, params: dict[str, Any], replace: bool) -> None:
         rope_type = params.get("rope_type", "default")
@@ -268,9 +269,12 @@ class RotarySite(Site):
         kwargs = {"layer_type": layer_type} if layer_type is not None else {}
         return ROPE_INIT_FUNCTIONS[rope_type](self.config, device, **kwargs)
 
-    def _check_convention(self, layer_type: str | None, params: dict[str, Any], spec: RotarySpec) -> None:
-        """Run the original module on a few positions: its ``(cos, sin)`` must be standard RoPE (``rotate_half``
-        layout) with the frequencies its rope type gives (transformers' own init function for that type).
+    def _check_convention(self, layer_type: str | None, params: dict[str, Any], spec: RotarySpec) -> str:
+        """Run the original module on a few positions: its ``(cos, sin)`` must be standard RoPE with the frequencies
+        its rope type gives (transformers' own init function for that type), in one of the table layouts of
+        ``LAYOUTS`` (``rotate_half``'s, adjacent pairs, one entry a pair): the one it returns, which the patched
+        module keeps (frequency methods are layout-free; the attention rewrites are refused for another pair layout
+        by the family's probes).
 
         This catches a family (or checkpoint) whose rotary module follows another convention, so it is
         refused instead of silently mis-patched. The expected frequencies are rounded to the dtype the module
@@ -306,20 +310,23 @@ class RotarySite(Site):
                 f"rotary module is, with (x, position_ids), it {what}; rope_ext cannot patch this model's RoPE variant"
             )
         cos, sin = returned
-        expected_cos, expected_sin = rope_cos_sin(positions, inv_freq, attention_factor)
         tolerance = 1e-5  # exact up to float32 arithmetic: the expected frequencies carry the module's rounding
-        if cos.shape != expected_cos.shape:
-            found = f"shape {tuple(cos.shape)} against {tuple(expected_cos.shape)}"
-        else:
+        found = []
+        for layout in LAYOUTS:
+            expected_cos, expected_sin = rope_cos_sin(positions, inv_freq, attention_factor, layout)
+            if cos.shape != expected_cos.shape:
+                found.append(f"{layout}: shape {tuple(cos.shape)} against {tuple(expected_cos.shape)}")
+                continue
             diff = max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
             if diff <= tolerance:
-                return
-            found = f"max |diff| {diff:.3g}"
+                return layout
+            found.append(f"{layout}: max |diff| {diff:.3g}")
         raise ValueError(
             f"{self.family}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
             f"rotary dim={spec.dim} (rope type {params.get('rope_type', 'default')!r}): its cos/sin at positions "
-            f"0..{int(positions.max())} were compared with cat(freqs, freqs) using inv_freq held in {kept} "
-            f"({found}, tolerance {tolerance}); rope_ext cannot patch this checkpoint's RoPE variant"
+            f"0..{int(positions.max())} were compared with cat(freqs, freqs), its pairs interleaved and one entry a "
+            f"pair, using inv_freq held in {kept} ({'; '.join(found)}; tolerance {tolerance}); rope_ext cannot patch "
+            "this checkpoint's RoPE variant"
         )
 
     def accepts(self, rope_type: str) -> bool:

@@ -54,6 +54,9 @@ class RotarySpec:
     base: float  # rope_theta
     dim: int  # rotary dimension (even)
     original_max_position_embeddings: int  # L, the pre-training context
+    #: how the model's cos/sin tables lay the pairs out (``rope_ext.methods.rope.LAYOUTS``): ``"cat"``, transformers'
+    #: shared ``rotate_half`` one; ``"interleave"``, adjacent pairs (Cohere); ``"half"``, one entry a pair (gpt-oss)
+    layout: str = "cat"
 
     @property
     def num_frequencies(self) -> int:

@@ -9,13 +9,25 @@ from __future__ import annotations
 
 import torch
 
+#: the layouts of cos/sin tables a rotary module may return: transformers' shared ``cat(freqs, freqs)``, adjacent
+#: pairs ``repeat_interleave(freqs, 2)`` (Cohere's), one entry a pair ``freqs`` (gpt-oss's)
+LAYOUTS = ("cat", "interleave", "half")
+
 
 def rope_cos_sin(
-    position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float | torch.Tensor
+    position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float | torch.Tensor, layout: str = "cat"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' rotary contract in float32: ``cat(freqs, freqs).cos() * attention_factor`` and ``sin``."""
+    """transformers' rotary contract in float32: ``cat(freqs, freqs).cos() * attention_factor`` and ``sin`` (another
+    ``layout`` of ``LAYOUTS``: the same values laid out as that module's attention reads them)."""
     freqs = position_ids[..., None].float() * inv_freq.to(device=position_ids.device, dtype=torch.float)  # [b, q, d/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [b, q, d]
+    if layout == "cat":
+        emb = torch.cat((freqs, freqs), dim=-1)  # [b, q, d]
+    elif layout == "interleave":
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)  # [b, q, d]: f0 f0 f1 f1 ...
+    elif layout == "half":
+        emb = freqs  # [b, q, d/2]
+    else:
+        raise ValueError(f"unknown rotary table layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
