@@ -101,14 +101,14 @@ def _existing_scaling(model: torch.nn.Module) -> bool:
     return any(p.get("rope_type", "default") not in ("default", None) for p in kinds)
 
 
-def _native_yarn(model_type: str, model: torch.nn.Module) -> torch.nn.Module | None:
-    """The same weights with transformers' own ``yarn`` rope type, factor 4 over the tiny native context (``None``
-    where the type's config takes no such parameters)."""
+def _native_yarn(model_type: str, model: torch.nn.Module, **options: float) -> torch.nn.Module | None:
+    """The same weights with transformers' own ``yarn`` rope type, factor 4 over the tiny native context (and
+    ``options``: DeepSeek's mscale pair) (``None`` where the type's config takes no such parameters)."""
     config = model.config.get_text_config()
     parameters = copy.deepcopy(getattr(config, "rope_parameters", None))
     if not isinstance(parameters, dict) or not parameters:
         return None
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, **options}
     if all(isinstance(v, dict) or v is None for v in parameters.values()):  # (per layer type: those the family
         rotary = [k for k, v in parameters.items() if v is not None]  # patches by default; None: a NoPE type)
         default = [t for t in getattr(find_family(model), "default_layer_types", None) or () if t in rotary]
@@ -165,6 +165,13 @@ def test_every_rope_causal_lm_of_transformers(model_type):
     native = None if options else _native_yarn(model_type, model)
     if native is not None:
         torch.testing.assert_close(patched, _logits(native, ids), rtol=1e-5, atol=1e-5)
+    attention = find_family(model).locate(model).get("attention")
+    if native is not None and attention and attention[0].softmax_scale is not None:  # (DeepSeek's mscale_all_dim:
+        mscales = {"mscale": 1.0, "mscale_all_dim": 1.0}  # the softmax scale follows the rope parameters)
+        with rope_ext.patched(model, "yarn:factor=4", **mscales):
+            torch.testing.assert_close(_logits(model, ids), _logits(_native_yarn(model_type, model, **mscales), ids),
+                                       rtol=1e-5, atol=1e-5)
+        assert torch.equal(_logits(model, ids), base)
     refused = []
     for kind, spec in (("position_rule", "rerope:w=32"), ("bias", "alibi")):
         if kind not in support.kinds:

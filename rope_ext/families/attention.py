@@ -78,7 +78,24 @@ def attention_site(family: str, model: nn.Module, config: Any) -> AttentionSite 
     owner = next((m for m in model.modules() if isinstance(m, PreTrainedModel) and m.config is layer_config), model)
     softcap = getattr(layer_config, "attn_logit_softcapping", None)
     refused = None if softcap is None else softcapping_refused(softcap)
-    return AttentionSite(family, layers, owner, refused, rotation_refused(type(layers[0].module)))
+    cls = type(layers[0].module)
+    return AttentionSite(family, layers, owner, refused, rotation_refused(cls), softmax_scale_rule(cls))
+
+
+@functools.cache
+def softmax_scale_rule(cls: type):
+    """The function an attention class's ``__init__`` derives its softmax scale with from the rope parameters: its
+    modeling module's ``yarn_apply_mscale`` (DeepSeek-V2/V3, Kimi, GLM-4 MoE Lite, MiniCPM3 and their kin multiply
+    it by YaRN's ``mscale(factor, mscale_all_dim)`` squared), read off its source; ``None``: its scale does not
+    follow the rope parameters."""
+    import sys
+
+    rule = getattr(sys.modules.get(cls.__module__), "yarn_apply_mscale", None)
+    try:
+        calls = "yarn_apply_mscale(" in inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return None
+    return rule if calls and callable(rule) else None
 
 
 @functools.cache

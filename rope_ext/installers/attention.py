@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -75,6 +75,9 @@ class AttentionSite(Site):
     refused: str | None = None
     #: why queries and keys cannot be rotated at attention time instead of by the module (``None``: they can)
     rotation_refused: str | None = None
+    #: the modeling code's rule for a layer's softmax scale from the rope parameters, ``rule(rope_parameters,
+    #: scaling) -> scaling`` (DeepSeek's ``yarn_apply_mscale``: YaRN's ``mscale_all_dim`` squared), ``None``: none
+    softmax_scale: Callable[[dict, float], float] | None = None
 
     def replacement(self, builder: PlanBuilder) -> ProgramSetup:
         return builder.replacement(self, lambda: (None, None, ProgramSetup.build(self, builder)))

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from rope_ext.installers.attention import AttentionSite
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.installers.combination import ROTATES_IN_ATTENTION
 from rope_ext.installers.rotary import BASE_KEYS, RopeExtRotaryEmbedding, RotarySite
@@ -58,6 +59,7 @@ class FrequencyInstaller(HookInstaller):
             chosen = site.layer_types(builder.option("layer_types"))
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
+            self._softmax_scale_edits(builder, site, method, specs)
             self._config_edits(builder, site, method, specs)
             # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)
             limit = None
@@ -82,6 +84,25 @@ class FrequencyInstaller(HookInstaller):
         if len(originals) != 1:  # layer types with different L (Gemma 3's): no one value to state
             return method
         return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
+
+    def _softmax_scale_edits(
+        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
+    ) -> None:
+        """Where the modeling code derives each layer's softmax scale from the rope parameters (``AttentionSite.
+        softmax_scale``: DeepSeek's ``yarn_apply_mscale``), the scale the method's own parameters give, as
+        transformers would compute it for a checkpoint that states them (the checkpoint's own rule undone first)."""
+        for attention in builder.sites.get(AttentionSite.kind) or []:
+            rule = attention.softmax_scale
+            if rule is None:
+                continue
+            for layer in attention.layers:
+                if layer.layer_type not in specs or not isinstance(getattr(layer.module, "scaling", None), float):
+                    continue
+                spec = specs[layer.layer_type]
+                new = method.native_rope_parameters(spec, site.config.max_position_embeddings) or {}
+                before, after = rule(site.params(layer.layer_type), 1.0), rule({"rope_type": "default", **new}, 1.0)
+                if after != before:
+                    builder.edit(layer.module, "scaling", layer.module.scaling / before * after)
 
     def _config_edits(
         self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
