@@ -51,10 +51,8 @@ NOT_BUILT = {
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
 NO_PADDED_BATCH = ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu")
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
-#: table row: complex frequencies, M-RoPE, p-RoPE without its length)
+#: table row: M-RoPE, p-RoPE without its length)
 FREQUENCY_REFUSED: dict[str, str] = {
-    "deepseek_v2": "complex frequencies",
-    "llama4": "complex frequencies", "llama4_text": "complex frequencies",
     "lfm3": "gives no original context length",
     "qwen3_5": "M-RoPE", "qwen3_5_moe": "M-RoPE", "qwen3_5_moe_text": "M-RoPE", "qwen3_5_text": "M-RoPE",
 }
@@ -190,3 +188,44 @@ def test_every_rope_causal_lm_of_transformers(model_type):
         else:
             assert not torch.equal(logits, base)
     assert bool(refused) == (model_type in RULE_REFUSED), f"{model_type}: refused {refused}; RULE_REFUSED is stale"
+
+
+# --- what a new user's trial of the found families met -------------------------------------------------------------
+
+
+def test_a_model_cast_after_loading_whose_rotary_computes_in_float32_patches():
+    """Phi-MoE's rotary recomputes its frequencies in float32 from the config whatever its buffer's dtype: a model
+    cast to bf16 is standard RoPE, not refused."""
+    model = tiny_model("phimoe").to(torch.bfloat16)
+    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    base = _logits(model, ids)
+    with rope_ext.patched(model, "yarn:factor=4"):
+        assert not torch.equal(_logits(model, ids), base)
+    assert torch.equal(_logits(model, ids), base)
+
+
+@pytest.mark.parametrize("spec", ["pi:factor=2", "yarn:factor=2", "ntk:factor=2"])
+def test_ministral3s_attention_temperature_keeps_what_it_reads_under_any_method(spec):
+    """Ministral 3's attention scales queries by ``llama_4_scaling_beta`` over the original context, both read from
+    the rope parameters: a method that replaces the checkpoint's YaRN keeps them (pi's linear type dropped the
+    original context: the first forward raised inside transformers)."""
+    model = tiny_model("ministral3")
+    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    base = _logits(model, ids)
+    kept = {k: model.config.rope_parameters[k] for k in ("llama_4_scaling_beta", "original_max_position_embeddings")}
+    with rope_ext.patched(model, spec, replace_scaling=True):
+        assert not torch.equal(_logits(model, ids), base)
+        parameters = model.config.rope_parameters
+        assert parameters["llama_4_scaling_beta"] == kept["llama_4_scaling_beta"]
+        if not spec.startswith("yarn"):  # (YaRN states its own original context)
+            assert parameters["original_max_position_embeddings"] == kept["original_max_position_embeddings"]
+    assert torch.equal(_logits(model, ids), base)
+
+
+def test_rope_ext_families_says_why_a_family_is_refused():
+    from rope_ext.families import listing
+
+    lines = listing()
+    assert lines[0].startswith("family (model types)") and "(a family refused: why)" in lines[0]
+    qwen = next(line for line in lines if line.startswith("qwen3_5 "))
+    assert "refused: its rotary embedding is multimodal RoPE (M-RoPE" in qwen

@@ -693,5 +693,5 @@ def test_rotary_tables_in_each_layout_at_hand_values():
                                    rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(sin, hand([[[math.sin(a) * factor for a in of(p)] for p in (0, 1, 3)]]).float(),
                                    rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="unknown rotary table layout 'pairs'; valid layouts: cat, interleave, half"):
+    with pytest.raises(ValueError, match="unknown rotary table layout .pairs.; valid layouts: cat, interleave, half, complex"):
         rope_cos_sin(positions, inv_freq, factor, "pairs")

@@ -120,6 +120,9 @@ def rotation_refused(cls: type) -> str | None:
 
     modeling = sys.modules.get(cls.__module__)
     apply = getattr(modeling, "apply_rotary_pos_emb", None)
+    if not callable(apply):  # (Llama 4's apply_rotary_emb multiplies complex tables)
+        return ("its attention applies rotary positions with a function of its own (no apply_rotary_pos_emb), which "
+                "rope_ext's attention-time rotation does not reproduce")
     if callable(apply):
         generator = torch.Generator().manual_seed(0)
         q = torch.randn(1, 2, 5, 8, generator=generator)

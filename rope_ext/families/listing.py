@@ -32,7 +32,14 @@ def listing() -> list[str]:
     """The lines of ``rope-ext families``: each entry, its hook kinds and its methods."""
     entries = supports()
     width = max(len(s.label) for s in entries) + 2
-    return [f"{s.label:{width}s}hooks: {', '.join(sorted(s.kinds))}; methods: {', '.join(s.methods)}" for s in entries]
+    lines = [f"{'family (model types)':{width}s}the hook kinds it takes, and its methods (a family refused: why)"]
+    for s in entries:
+        if s.kinds:
+            lines.append(f"{s.label:{width}s}hooks: {', '.join(sorted(s.kinds))}; methods: {', '.join(s.methods)}")
+        else:  # (nothing fits: the reason, once)
+            why = s.refused.get("yarn") or next(iter(s.refused.values()), "no hook kind fits")  # (a RoPE family's)
+            lines.append(f"{s.label:{width}s}refused: {why}")
+    return lines
 
 
 def refused_within(support: Support) -> dict[str, str]:

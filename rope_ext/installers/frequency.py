@@ -22,16 +22,19 @@ from rope_ext.installers.rotary import BASE_KEYS, RopeExtRotaryEmbedding, Rotary
 from rope_ext.installers.rotation import rotate_in_attention
 from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, RotarySpec
 
-#: keys of a checkpoint's rope parameters kept beside a method's own: the base rotation, and what the attention reads
-#: beside the rotary (Ministral 3's attention temperature, ``llama_4_scaling_beta``)
-KEPT_KEYS = (*BASE_KEYS, "llama_4_scaling_beta")
+#: keys of a checkpoint's rope parameters kept beside a method's own (a method's own value wins): the base rotation,
+#: and, where the attention reads them beside the rotary (Ministral 3's attention temperature), ``llama_4_scaling_beta``
+#: and the original context it is taken over
+TEMPERATURE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings")
 
 
-def _config_takes(config: Any, rope_parameters: Any) -> bool:
+def _config_takes(config: Any, rope_parameters: Any, max_position_embeddings: int | None) -> bool:
     """Whether ``config``'s class accepts these rope parameters (Phi-MoE's validates LongRoPE's fields whatever the
-    rope type): tried on a copy."""
+    rope type) beside the new ``max_position_embeddings``: tried on a copy."""
     trial = copy.deepcopy(config)
     try:
+        if max_position_embeddings is not None:
+            trial.max_position_embeddings = max_position_embeddings
         trial.rope_parameters = rope_parameters
         validate = getattr(trial, "validate_rope", None)
         if callable(validate):
@@ -117,20 +120,23 @@ class FrequencyInstaller(HookInstaller):
         # transformers' own version of the method, and the extended context (HF's convention for scaled checkpoints:
         # max_position_embeddings is the new length, rope_parameters keep the original). Dynamic methods have no
         # fixed length, and transformers' native "dynamic" reads L from max_position_embeddings, so it stays.
+        longer = None
         if not method.dynamic:
             extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
-            if extended > (getattr(config, "max_position_embeddings", None) or 0):
-                builder.edit_config(config, "max_position_embeddings", extended)
+            longer = extended if extended > (getattr(config, "max_position_embeddings", None) or 0) else None
         rope_parameters = copy.deepcopy(config.rope_parameters)
         for layer_type, params in native.items():
             current = site.params(layer_type)
-            merged = {key: current[key] for key in KEPT_KEYS if key in current} | params
+            kept = (*BASE_KEYS, *TEMPERATURE_KEYS) if TEMPERATURE_KEYS[0] in current else BASE_KEYS
+            merged = {key: current[key] for key in kept if key in current} | params
             if layer_type is None:
                 rope_parameters = merged
             else:
                 rope_parameters[layer_type] = merged
-        if not _config_takes(config, rope_parameters):  # (a config class that validates fields of its own rope type)
+        if not _config_takes(config, rope_parameters, longer):  # (a config class that validates its rope fields)
             return
+        if longer is not None:  # (before the rope parameters: transformers checks L against it)
+            builder.edit_config(config, "max_position_embeddings", longer)
         builder.edit_config(config, "rope_parameters", rope_parameters)
         originals = {p.get("original_max_position_embeddings") for p in native.values()} - {None}
         if originals and hasattr(config, "original_max_position_embeddings"):

@@ -116,10 +116,14 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             return self.original(x, position_ids, layer_type)
         layout = self.specs[layer_type].layout
         if layer_type in self.identity:
-            shape = (*position_ids.shape, self.identity[layer_type] // (2 if layout == "half" else 1))
+            shape = (*position_ids.shape, self.identity[layer_type] // (1 if layout in ("cat", "interleave") else 2))
+            if layout == "complex":
+                return torch.ones(shape, dtype=torch.complex64, device=x.device)
             return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
         inv_freq, attention_factor = self.frequencies(position_ids, layer_type, x.device)
         cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor, layout)
+        if layout == "complex":  # (one complex table, float32 as the module's own: cos + i sin)
+            return torch.complex(cos, sin)
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
     def extra_repr(self) -> str:
@@ -290,8 +294,8 @@ class RotarySite(Site):
                 "width), which rope_ext's rotary does not take; rope_ext cannot patch this model's RoPE variant"
             )
         device, kept = _frequency_placement(module)
-        inv_freq, attention_factor = self._expected_inv_freq(layer_type, params, spec, device)
-        inv_freq = inv_freq.to(kept).float()
+        exact, attention_factor = self._expected_inv_freq(layer_type, params, spec, device)
+        inv_freq = exact.to(kept).float()
         probe = torch.zeros(1, dtype=torch.float32, device=device)
         stop = min(4096, spec.original_max_position_embeddings)
         positions = torch.arange(0, stop, max(1, stop // 16), device=device)[None]  # [1, ~16]
@@ -302,6 +306,9 @@ class RotarySite(Site):
             returned = error
         finally:
             _restore(module, state)
+        layouts = LAYOUTS
+        if torch.is_tensor(returned) and returned.is_complex():  # (Llama 4's and DeepSeek-V2's freqs_cis)
+            returned, layouts = (returned.real, returned.imag), ("complex",)
         if not (isinstance(returned, tuple) and len(returned) == 2 and all(map(torch.is_tensor, returned))):
             what = (f"raised {type(returned).__name__}: {str(returned).splitlines()[0][:120]}"
                     if isinstance(returned, Exception) else f"returned a {type(returned).__name__}, not (cos, sin)")
@@ -312,15 +319,20 @@ class RotarySite(Site):
         cos, sin = returned
         tolerance = 1e-5  # exact up to float32 arithmetic: the expected frequencies carry the module's rounding
         found = []
-        for layout in LAYOUTS:
+        # (frequencies rounded to the dtype the module keeps them in; or in float32: a module that computes them
+        # from its config on every call, Phi-MoE's, gives those whatever its buffer's dtype)
+        candidates = [(layout, inv_freq, "") for layout in layouts]
+        if kept != torch.float32:
+            candidates += [(layout, exact.float(), " in float32") for layout in layouts]
+        for layout, inv_freq, held in candidates:
             expected_cos, expected_sin = rope_cos_sin(positions, inv_freq, attention_factor, layout)
             if cos.shape != expected_cos.shape:
-                found.append(f"{layout}: shape {tuple(cos.shape)} against {tuple(expected_cos.shape)}")
+                found.append(f"{layout}{held}: shape {tuple(cos.shape)} against {tuple(expected_cos.shape)}")
                 continue
             diff = max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
             if diff <= tolerance:
                 return layout
-            found.append(f"{layout}: max |diff| {diff:.3g}")
+            found.append(f"{layout}{held}: max |diff| {diff:.3g}")
         raise ValueError(
             f"{self.family}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
             f"rotary dim={spec.dim} (rope type {params.get('rope_type', 'default')!r}): its cos/sin at positions "

@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 
 #: the layouts of cos/sin tables a rotary module may return: transformers' shared ``cat(freqs, freqs)``, adjacent
-#: pairs ``repeat_interleave(freqs, 2)`` (Cohere's), one entry a pair ``freqs`` (gpt-oss's)
+#: pairs ``repeat_interleave(freqs, 2)`` (Cohere's), one entry a pair ``freqs`` (gpt-oss's); ``complex``: one entry
+#: a pair as one complex table ``cos + i sin`` (Llama 4's and DeepSeek-V2's ``freqs_cis``; here its two parts)
 LAYOUTS = ("cat", "interleave", "half")
+COMPLEX = "complex"
 
 
 def rope_cos_sin(
@@ -24,10 +26,10 @@ def rope_cos_sin(
         emb = torch.cat((freqs, freqs), dim=-1)  # [b, q, d]
     elif layout == "interleave":
         emb = torch.repeat_interleave(freqs, 2, dim=-1)  # [b, q, d]: f0 f0 f1 f1 ...
-    elif layout == "half":
+    elif layout in ("half", COMPLEX):
         emb = freqs  # [b, q, d/2]
     else:
-        raise ValueError(f"unknown rotary table layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
+        raise ValueError(f"unknown rotary table layout {layout!r}; valid layouts: {', '.join((*LAYOUTS, COMPLEX))}")
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
