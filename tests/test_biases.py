@@ -663,3 +663,21 @@ def test_the_distance_table_holds_the_bias_at_each_distance():
     torch.testing.assert_close(table, -slopes[:, None] * torch.arange(6.0)[None], rtol=0, atol=0)
     one = flex.distance_table(lambda i, j: module(i, j)[:1], 6, torch.device("cpu"), 3)
     assert one.shape == (3, 6) and torch.equal(one[2], -torch.arange(6.0) / 4)
+
+
+def test_layer_types_with_a_bias_are_refused_not_ignored():
+    """A bias goes to every layer with positions; ``layer_types`` (the rotary layers of frequency methods and
+    attention rewrites) was accepted and ignored, a bogus value included: now one line, the model untouched."""
+    from tiny import tiny_model
+
+    model = tiny_model("gemma3")
+    ids = torch.randint(3, 100, (1, 12))
+    with torch.no_grad():
+        before = model(ids).logits
+    for layer_types in (["bogus_attention"], ["full_attention"], "full_attention"):
+        with pytest.raises(ValueError, match=r"^alibi: layer_types chooses the rotary layers a frequency method or an "
+                                             r"attention rewrite patches; .* \(leave layer_types out\)$"):
+            rope_ext.patch(model, "alibi", layer_types=layer_types)
+        assert rope_ext.get_patch(model) is None
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)

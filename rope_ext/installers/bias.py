@@ -121,6 +121,11 @@ class BiasInstaller(HookInstaller):
         if buckets:
             _plan_distance_bias(builder, method, buckets)
             return
+        if builder.options.get("layer_types") is not None:  # (nothing here would read it: refused, not ignored)
+            raise ValueError(
+                f"{method.method}: layer_types chooses the rotary layers a frequency method or an attention rewrite "
+                "patches; a bias replaces the positions of every layer that has them (leave layer_types out)"
+            )
         setup = program_setup(builder, method.method)
         _switch_off_positions(builder, method.method, setup.site.family)
         config = setup.programs[0][0].module.config
