@@ -3,7 +3,8 @@ its config class (tests/conformance.py) and patched as a user would. Families fo
 hand: ``rope_ext.families.discovered``) are held to what the hand-kept rows are.
 
 For each type that builds: ``patch`` finds a family or refuses in one line; where the frequency methods fit, YaRN
-moves the logits, equals transformers' own ``yarn`` rope type on the same weights, decodes on the cache as the full
+moves the logits, equals transformers' own ``yarn`` rope type on the same weights (and ``pi``, ``llama3`` their
+``linear`` and ``llama3``), decodes on the cache as the full
 forward and keeps a left-padded row of a batch what the row gives alone (each as close as the unpatched model is),
 and ``unpatch`` restores the logits bit-exactly; where a position rule fits, ReRoPE with a window covering the sequence is the unpatched model;
 where a bias fits, ALiBi patches and unpatches exactly. A type that is refused must be listed below with the reason's
@@ -99,14 +100,22 @@ def _existing_scaling(model: torch.nn.Module) -> bool:
     return any(p.get("rope_type", "default") not in ("default", None) for p in kinds)
 
 
-def _native_yarn(model_type: str, model: torch.nn.Module, **options: float) -> torch.nn.Module | None:
+#: rope_ext's methods and transformers' own rope types of the same name, written out (not read from rope_ext)
+NATIVE = {
+    "pi:factor=4": {"rope_type": "linear", "factor": 4.0},
+    "llama3:factor=4": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": ORIGINAL},
+}
+
+
+def _native(model_type: str, model: torch.nn.Module, rope: dict | None = None, **options: float):
     """The same weights with transformers' own ``yarn`` rope type, factor 4 over the tiny native context (and
-    ``options``: DeepSeek's mscale pair) (``None`` where the type's config takes no such parameters)."""
+    ``options``: DeepSeek's mscale pair), or ``rope`` (``None`` where the type's config takes no such parameters)."""
     config = model.config.get_text_config()
     parameters = copy.deepcopy(getattr(config, "rope_parameters", None))
     if not isinstance(parameters, dict) or not parameters:
         return None
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, **options}
+    yarn = rope or {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, **options}
     if all(isinstance(v, dict) or v is None for v in parameters.values()):  # (per layer type: those the family
         rotary = [k for k, v in parameters.items() if v is not None]  # patches by default; None: a NoPE type)
         default = [t for t in getattr(find_family(model), "default_layer_types", None) or () if t in rotary]
@@ -160,14 +169,19 @@ def test_every_rope_causal_lm_of_transformers(model_type):
     rope_ext.unpatch(model)
     assert torch.equal(_logits(model, ids), base)
     assert not torch.equal(patched, base), f"{model_type}: yarn left the logits as they were"
-    native = None if options else _native_yarn(model_type, model)
+    native = None if options else _native(model_type, model)
     if native is not None:
         torch.testing.assert_close(patched, _logits(native, ids), rtol=1e-5, atol=1e-5)
+    for spec, rope in NATIVE.items() if native is not None else ():  # (transformers' other rope types, same weights)
+        other = _native(model_type, model, rope)
+        if other is not None:
+            with rope_ext.patched(model, spec):
+                torch.testing.assert_close(_logits(model, ids), _logits(other, ids), rtol=1e-5, atol=1e-5)
     attention = find_family(model).locate(model).get("attention")
     if native is not None and attention and attention[0].softmax_scale is not None:  # (DeepSeek's mscale_all_dim:
         mscales = {"mscale": 1.0, "mscale_all_dim": 1.0}  # the softmax scale follows the rope parameters)
         with rope_ext.patched(model, "yarn:factor=4", **mscales):
-            torch.testing.assert_close(_logits(model, ids), _logits(_native_yarn(model_type, model, **mscales), ids),
+            torch.testing.assert_close(_logits(model, ids), _logits(_native(model_type, model, **mscales), ids),
                                        rtol=1e-5, atol=1e-5)
         assert torch.equal(_logits(model, ids), base)
     refused = []
