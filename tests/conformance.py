@@ -39,6 +39,10 @@ INDEXER: dict[str, Any] = dict(index_head_dim=16, index_n_heads=2, index_topk=8)
 #: the few types whose layer pattern the generic recipe cannot cut (a hybrid's attention layer indices)
 RECIPES: dict[str, dict[str, Any]] = {
     "bamba": dict(attn_layer_indices=[1]),
+    "gemma3n_text": dict(num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0], hidden_size_per_layer_input=8,
+                         vocab_size_per_layer_input=VOCAB),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope"),
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1], use_mem_rope=True),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
     "mimo_v2_flash": dict(head_dim=24),  # (its partial rotary factor, 1/3, of 16 dims is an odd 5)
     "moshi": dict(sliding_window=4 * ORIGINAL),  # (its config takes no None)

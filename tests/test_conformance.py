@@ -18,7 +18,8 @@ import copy
 
 import pytest
 import torch
-from conformance import ORIGINAL, VOCAB, model_types, tiny_model
+from conformance import ORIGINAL, VOCAB, model_types, tiny_config, tiny_model
+from transformers import AutoModelForCausalLM
 
 import rope_ext
 from rope_ext.families import find_family
@@ -33,20 +34,17 @@ NOT_BUILT = {
     "dots3_note": "per-layer attribute",
     "dots3_note_text": "per-layer attribute",
     "gemma3": "the tiny recipe leaves",
-    "gemma3n": "activation_sparsity_pattern",
-    "gemma3n_text": "layer types producing a cache",
+    "gemma3n": "timm",
     "gemma4": "per-layer attribute",
     "gemma4_text": "per-layer attribute",
     "gemma4_unified": "per-layer attribute",
     "gemma4_unified_text": "per-layer attribute",
     "glm_moe_dsa": "must match the size of tensor",
-    "granitemoehybrid": "get_seq_length",
     "longcat_flash": "the tiny recipe leaves",
     "phi4_multimodal": "the tiny recipe leaves",
     "qwen4_exp": "unsupported operand",
     "qwen4_exp_text": "unsupported operand",
     "recurrent_gemma": "get_seq_length",
-    "zamba2": "num_hidden_layers",
     "zaya": "validate_architecture",
 }
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
@@ -243,3 +241,15 @@ def test_rope_ext_families_says_why_a_family_is_refused():
     assert lines[0].startswith("family (model types)") and "(a family refused: why)" in lines[0]
     qwen = next(line for line in lines if line.startswith("qwen3_5 "))
     assert "refused: its rotary embedding is multimodal RoPE (M-RoPE" in qwen
+
+
+def test_a_model_whose_config_turns_rope_off_is_refused_saying_so():
+    """Granite MoE Hybrid's default config has no position embedding (``position_embedding_type`` None): its modeling
+    code has a rotary class, the model holds none; the refusal says so rather than "does not support"."""
+    config = tiny_config("granitemoehybrid", position_embedding_type=None)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match=r"^GraniteMoeHybridForCausalLM: its modeling code has a rotary embedding "
+                                         r"\(GraniteMoeHybridRotaryEmbedding\), but this model holds none: .* so there "
+                                         r"is no RoPE to extend$"):
+        rope_ext.patch(model, "yarn:factor=2")

@@ -60,10 +60,18 @@ def _row(module_path: str, class_name: str) -> RotaryFamily | None:
 
 def discover(model: nn.Module) -> RotaryFamily | None:
     """The rotary row of ``model``'s own modeling package, registered (``None``: ``model`` holds no transformers
-    rotary module, or several text ones, or one a registered family covers)."""
+    rotary module, or several text ones, or one a registered family covers); a model whose modeling code has one but
+    that holds none (its config turns RoPE off) is refused, saying so."""
     found = {(type(child).__module__, type(child).__name__) for _, _, child in modules_outside_rope_ext(model)
              if type(child).__name__.endswith("RotaryEmbedding") and type(child).__module__.startswith(_PREFIX)}
     text = [(module, name) for module, name in found if _text_rotary([name])]
+    own = type(model).__module__
+    if not found and own.startswith(_PREFIX) and (classes := modeling_file_classes(_package(own))) and classes[1]:
+        raise ValueError(
+            f"{type(model).__name__}: its modeling code has a rotary embedding ({classes[1][0]}), but this model holds "
+            "none: its config leaves positions out (a NoPE setting, e.g. position_embedding_type or use_mem_rope), so "
+            "there is no RoPE to extend"
+        )
     if len(text) != 1 or _covered(text[0][0]):
         return None
     row = _row(*text[0])
