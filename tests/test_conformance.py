@@ -253,3 +253,39 @@ def test_a_model_whose_config_turns_rope_off_is_refused_saying_so():
                                          r"\(GraniteMoeHybridRotaryEmbedding\), but this model holds none: .* so there "
                                          r"is no RoPE to extend$"):
         rope_ext.patch(model, "yarn:factor=2")
+
+
+def test_llama4s_attention_temperature_as_a_method_equals_transformers_own(monkeypatch):
+    """``temperature:layers=nope`` on a Llama 4 whose own temperature tuning is off equals the same weights with it
+    on (transformers' ``attn_temperature_tuning``), on a checkpoint whose chunks are past its input; a chunked
+    Llama 4 refuses it (and every attention rewrite), saying why; layers=nope where no layer is NoPE is refused."""
+    from rope_ext.families import Refusals
+
+    settings = dict(no_rope_layers=[1, 0], floor_scale=8, attention_chunk_size=1000)
+    model = tiny_model("llama4_text", attn_temperature_tuning=False, **settings)
+    # (Llama 4's config class chunks by default, so the family refuses attention programs for every checkpoint: this
+    # checkpoint's chunks are past its input, and both refusals are lifted for it alone)
+    family = find_family(model)
+    monkeypatch.setitem(vars(family).setdefault("_refusals", {}), "llama4_text", Refusals())
+    monkeypatch.setattr("rope_ext.families.attention.chunking_refused", lambda size: None)  # (chunks past the input)
+    native = tiny_model("llama4_text", attn_temperature_tuning=True, **settings)
+    native.load_state_dict(model.state_dict())
+    ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    base = _logits(model, ids)
+    assert not torch.equal(base, _logits(native, ids))
+    with rope_ext.patched(model, "temperature:layers=nope:floor_scale=8"):
+        torch.testing.assert_close(_logits(model, ids), _logits(native, ids), rtol=1e-5, atol=1e-5)
+    assert torch.equal(_logits(model, ids), base)
+    monkeypatch.undo()
+    chunked = tiny_model("llama4_text", attn_temperature_tuning=False, no_rope_layers=[1, 0], attention_chunk_size=16)
+    monkeypatch.setitem(vars(family).setdefault("_refusals", {}), "llama4_text", Refusals())
+    for spec in ("temperature:layers=nope", "logn", "alibi"):  # (the checkpoint's own refusal, past the family's)
+        with pytest.raises(ValueError, match=r"its attention is chunked \(attention_chunk_size=16"):
+            rope_ext.patch(chunked, spec)
+    monkeypatch.undo()
+    for spec in ("temperature:layers=nope", "logn"):  # (the family's: Llama 4's config class chunks by 8192)
+        with pytest.raises(ValueError, match=r"does not fit llama4 .*its attention is chunked \(attention_chunk_size=8192"):
+            rope_ext.patch(chunked, spec)
+    with pytest.raises(ValueError, match=r"temperature: .* every attention layer of this model has positions \(no NoPE "
+                                         r"layer to take layers=nope\); give layers=all or layers=rope"):
+        rope_ext.patch(tiny_model("llama"), "temperature:layers=nope")

@@ -695,3 +695,18 @@ def test_rotary_tables_in_each_layout_at_hand_values():
                                    rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="unknown rotary table layout .pairs.; valid layouts: cat, interleave, half, complex"):
         rope_cos_sin(positions, inv_freq, factor, "pairs")
+
+
+def test_llama4_temperature_at_hand_values():
+    """Llama 4's attention temperature ``1 + s ln(floor((i + 1) / F) + 1)``: 1 below F - 1, a step at every multiple
+    of F (s = 0.1, F = 8), and F defaults to L."""
+    from rope_ext.methods import TemperatureConfig
+
+    i = torch.tensor([0, 6, 7, 14, 15, 63])
+    expected = [1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(3), 1 + 0.1 * math.log(9)]
+    torch.testing.assert_close(TemperatureConfig(floor_scale=8).query_multiplier(i, 4096), hand(expected),
+                               rtol=1e-14, atol=0)
+    torch.testing.assert_close(TemperatureConfig().query_multiplier(i, 8), hand(expected), rtol=1e-14, atol=0)
+    doubled = TemperatureConfig(attn_scale=0.2, floor_scale=8).query_multiplier(i, 8)
+    torch.testing.assert_close(doubled, hand([1 + 2 * (e - 1) for e in expected]), rtol=1e-12, atol=0)
+    assert (TemperatureConfig().attn_scale, TemperatureConfig().layers) == (0.1, "all")

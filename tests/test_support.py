@@ -113,7 +113,7 @@ def test_patch_takes_every_method_the_listing_gives_and_refuses_the_others_with_
         ("glm4", "xpos", ("method 'xpos' does not fit glm4: its attention applies rotary positions in a pair layout of "
                          "its own (not HF's rotate_half), which rope_ext's attention-time rotation does not reproduce; "
                          "methods for glm4: alibi, dynamic_ntk, dynamic_yarn, fire, kerple, llama3, logn, longrope, "
-                         "ntk, ntk_by_parts, pi, s2_attn, sandwich, yarn")),
+                         "ntk, ntk_by_parts, pi, s2_attn, sandwich, temperature, yarn")),
         ("falcon", "logn", ("method 'logn' needs a 'query_scale' hook, which family 'falcon' does not support; methods "
                            "for falcon: dynamic_ntk, dynamic_yarn, llama3, longrope, ntk, ntk_by_parts, pi, yarn")),
     ],

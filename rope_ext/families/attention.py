@@ -78,6 +78,9 @@ def attention_site(family: str, model: nn.Module, config: Any) -> AttentionSite 
     owner = next((m for m in model.modules() if isinstance(m, PreTrainedModel) and m.config is layer_config), model)
     softcap = getattr(layer_config, "attn_logit_softcapping", None)
     refused = None if softcap is None else softcapping_refused(softcap)
+    chunk = getattr(layer_config, "attention_chunk_size", None)
+    if refused is None and chunk:
+        refused = chunking_refused(chunk)
     cls = type(layers[0].module)
     return AttentionSite(family, layers, owner, refused, rotation_refused(cls), softmax_scale_rule(cls))
 
@@ -228,6 +231,24 @@ def softcapping(config_class: type | None) -> float | None:
     if value is None and isinstance(text, type):
         value = getattr(text, "attn_logit_softcapping", None)
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def chunking(config_class: type | None) -> int | None:
+    """The chunk size a config class's attention is limited to by default (Llama 4's local layers attend within
+    chunks of ``attention_chunk_size``), ``None`` where it sets none."""
+    value = getattr(config_class, "attention_chunk_size", None)
+    text = (getattr(config_class, "sub_configs", None) or {}).get("text_config")
+    if value is None and isinstance(text, type):
+        value = getattr(text, "attention_chunk_size", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def chunking_refused(value: int) -> str:
+    """Why no attention program runs where attention is chunked."""
+    return (
+        f"its attention is chunked (attention_chunk_size={value}: Llama 4's local layers attend within chunks), which "
+        "rope_ext's attention does not implement; methods that rewrite attention are refused for it"
+    )
 
 
 def softcapping_refused(value: float) -> str:

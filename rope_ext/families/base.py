@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from rope_ext.families.attention import softcapping, softcapping_refused
+from rope_ext.families.attention import chunking, chunking_refused, softcapping, softcapping_refused
 from rope_ext.families.support import (
     Refusals,
     Support,
@@ -69,8 +69,10 @@ class FamilyAdapter(ABC):
         with attention sites; a family with probes of its own extends it."""
         if AttentionSite.kind not in self.site_kinds:
             return Refusals()
-        cap = softcapping(config_class_of(model_type))
-        return Refusals() if cap is None else Refusals({AttentionSite.kind: softcapping_refused(cap)})
+        cap, chunk = softcapping(config_class_of(model_type)), chunking(config_class_of(model_type))
+        if cap is not None:
+            return Refusals({AttentionSite.kind: softcapping_refused(cap)})
+        return Refusals() if chunk is None else Refusals({AttentionSite.kind: chunking_refused(chunk)})
 
     def supports(self) -> list[Support]:
         """This family's support, one entry per group of its model types that agree (one entry when all do)."""

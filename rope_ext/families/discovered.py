@@ -65,8 +65,11 @@ def discover(model: nn.Module) -> RotaryFamily | None:
     found = {(type(child).__module__, type(child).__name__) for _, _, child in modules_outside_rope_ext(model)
              if type(child).__name__.endswith("RotaryEmbedding") and type(child).__module__.startswith(_PREFIX)}
     text = [(module, name) for module, name in found if _text_rotary([name])]
-    own = type(model).__module__
-    if not found and own.startswith(_PREFIX) and (classes := modeling_file_classes(_package(own))) and classes[1]:
+    from transformers import PreTrainedModel
+
+    own = type(model).__module__  # (a whole model only: a part of one is told to patch the whole)
+    if (not found and isinstance(model, PreTrainedModel) and own.startswith(_PREFIX)
+            and (classes := modeling_file_classes(_package(own))) and classes[1]):
         raise ValueError(
             f"{type(model).__name__}: its modeling code has a rotary embedding ({classes[1][0]}), but this model holds "
             "none: its config leaves positions out (a NoPE setting, e.g. position_embedding_type or use_mem_rope), so "

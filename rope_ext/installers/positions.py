@@ -26,6 +26,7 @@ from rope_ext.methods import (
     LogNConfig,
     MethodConfig,
     PositionRuleConfig,
+    TemperatureConfig,
 )
 from rope_ext.methods.base import check_length_within
 
@@ -73,18 +74,21 @@ class QueryScaleInstaller(HookInstaller):
     site_kinds = frozenset({RotarySite.kind, "attention"})
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
-        assert isinstance(method, LogNConfig)
+        assert isinstance(method, (LogNConfig, TemperatureConfig))
         setup = program_setup(builder, method.method)
         rotary_site = builder.sites.get(RotarySite.kind)[0]
         chosen = rotary_site.layer_types(builder.option("layer_types"))
         layers = [layer for layer, _ in setup.programs]
-        check_chosen_layers(setup.site.family, layers, chosen)
+        if method.layers == "rope":
+            check_chosen_layers(setup.site.family, layers, chosen)
         rotary = rotary_site.replacement(builder) if HOOK_FREQUENCY in builder.kinds else None
         scaled = 0
         for layer, program in setup.programs:
-            if not layer.rotary or layer.sliding_window is not None:
+            if method.layers == "rope" and (not layer.rotary or layer.sliding_window is not None):
                 continue
-            if layer.layer_type not in chosen and None not in chosen:
+            if method.layers == "nope" and layer.rotary:
+                continue
+            if method.layers == "rope" and layer.layer_type not in chosen and None not in chosen:
                 continue
             key = layer.layer_type if layer.layer_type in chosen else None
             rule = program.position_rule
@@ -94,13 +98,22 @@ class QueryScaleInstaller(HookInstaller):
                 original, native = rotary.specs[key].original_max_position_embeddings, rotary_site.native_length(key)
             else:
                 original = native = rotary_site.native_length(key)
-            check_length_within(method.method, method.original_max_position_embeddings, native)
-            program.add(QueryScale(method, method.original_max_position_embeddings or original))
+            stated = getattr(method, "original_max_position_embeddings", None)
+            check_length_within(method.method, stated, native)
+            program.add(QueryScale(method, stated or original))
             scaled += 1
+        if not scaled and method.layers == "nope":
+            raise ValueError(f"{method.method}: {setup.site.family}: every attention layer of this model has positions "
+                             "(no NoPE layer to take layers=nope); give layers=all or layers=rope")
         if not scaled:
             raise ValueError(no_layer_to_rewrite(setup.site.family, layers))
 
     def in_use(self, model: nn.Module, method: MethodConfig) -> MethodConfig:
+        if isinstance(method, TemperatureConfig):  # (its F as installed: floor_scale, else each layer's L)
+            floors = {term.original for _, program in installed_programs(model) for term in program.of_type(QueryScale)
+                      if term.method is method}
+            return method if method.floor_scale is not None or len(floors) != 1 else dataclasses.replace(
+                method, floor_scale=floors.pop())
         assert isinstance(method, LogNConfig)
         originals = {term.original for _, program in installed_programs(model) for term in program.of_type(QueryScale)
                      if term.method is method}

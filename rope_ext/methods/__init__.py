@@ -50,7 +50,7 @@ from rope_ext.methods.llama3 import Llama3Config
 from rope_ext.methods.longrope import LongRopeConfig
 from rope_ext.methods.options import MAX_FACTOR, Check, option
 from rope_ext.methods.position_rules import AttentionConfig, PositionRuleConfig, Region, WindowConfig, WindowRule
-from rope_ext.methods.query_scales import LogNConfig
+from rope_ext.methods.query_scales import LogNConfig, TemperatureConfig
 from rope_ext.methods.window_rules import LeakyReRopeConfig, ReRopeConfig, SelfExtendConfig, StringConfig
 from rope_ext.methods.wrappers import S2AttnConfig, s2_group_size
 from rope_ext.methods.xpos import XposConfig, xpos_zeta
@@ -95,6 +95,7 @@ __all__ = [
     "DualChunkConfig",
     "LeakyReRopeConfig",
     "LogNConfig",
+    "TemperatureConfig",
     "ReRopeConfig",
     "S2AttnConfig",
     "SelfExtendConfig",
