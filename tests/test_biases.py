@@ -472,14 +472,14 @@ def test_bad_values_are_refused_naming_the_valid_range(spec, message):
         ("llama", "abs_interp", "method 'abs_interp' needs an 'absolute' hook, which family 'llama' does not support"),
         ("llama", "alibi+yarn:factor=4", r"alibi cannot be combined with yarn \('frequency' methods: .*yarn\): alibi "
                                          r"replaces the model's position encoding, and yarn is a position encoding itself; "
-                                         r"alibi combines with 'query_scale' methods \(logn\)$"),
+                                         r"alibi combines with 'query_scale' methods \(logn, temperature\)$"),
         ("llama", "alibi+dca", r"alibi cannot be combined with dca \('position_rule' methods: dca, "),
         ("gpt2", "alibi+abs_interp", r"alibi cannot be combined with abs_interp \('absolute' methods: .*combines with "
                                      r"nothing on this model$"),
         ("gpt2", "alibi:slopes=[0.5,0.25]", "alibi: 2 slopes given for a model with 4 attention heads"),
         ("llama", "xpos+dca", r"xpos cannot be combined with dca \('position_rule' methods: .*\): xpos scales plain RoPE, "
                               r"and dca remaps the positions; xpos combines with 'frequency' methods \(.*\) and "
-                              r"'query_scale' methods \(logn\)$"),
+                              r"'query_scale' methods \(logn, temperature\)$"),
         ("llama", "xpos+alibi", r"alibi cannot be combined with xpos \('pair_scale' methods: xpos\)"),
         ("gpt2", "xpos", "method 'xpos' needs a 'pair_scale' hook, which family 'gpt2' does not support"),
         # a method that cannot fit is refused as such, before its missing options

@@ -75,7 +75,7 @@ def test_a_toy_installers_declared_conflicts_are_refused_by_the_central_check(to
     with pytest.raises(ValueError, match=(
         r"^toy_combination cannot be combined with yarn \('frequency' methods: .*yarn\): toy_combination reads the "
         r"checkpoint's frequencies, which yarn replaces; toy_combination combines with 'bias' methods \(.*\) and "
-        r"'query_scale' methods \(logn\) and 'wrapper' methods \(s2_attn\)$")):
+        r"'query_scale' methods \(logn, temperature\) and 'wrapper' methods \(s2_attn\)$")):
         rope_ext.patch(model, ["yarn:factor=2", ToyConfig()])
     with pytest.raises(ValueError, match=(
         r"^toy_combination cannot be combined with xpos \(it rotates queries and keys inside attention\): "

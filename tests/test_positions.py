@@ -24,6 +24,7 @@ EVERY_METHOD = {
     "yarn": {"factor": 8.0}, "dynamic_yarn": {"factor": 8.0}, "llama3": {"factor": 8.0},
     "longrope": {"factor": 8.0, "long_factor": LONG_FACTOR},
     "rerope": {}, "leaky_rerope": {"k": 4.0}, "self_extend": {"G": 4}, "string": {}, "dca": {}, "logn": {},
+    "temperature": {"floor_scale": 16},
     "s2_attn": {},  # (eval mode: full attention; in training, tests/test_s2attn.py)
     "alibi": {}, "kerple": {}, "sandwich": {}, "fire": {}, "xpos": {"scale_base": 64.0},
 }
@@ -33,7 +34,8 @@ TABLE_METHODS = {"abs_interp", "abs_hierarchical", "sinusoidal"} | {
     "t5_bucket_scale", "t5_bucket_extend", "deberta_bucket_scale", "deberta_bucket_stretch", "xlnet_interp",
     "xlnet_clamp",
 }
-PROGRAMS = ["rerope", "leaky_rerope", "self_extend", "string", "dca", "logn", "dynamic_ntk:factor=8:cache_consistent=true",
+PROGRAMS = ["rerope", "leaky_rerope", "self_extend", "string", "dca", "logn", "temperature:floor_scale=16",
+            "dynamic_ntk:factor=8:cache_consistent=true",
             "yarn:factor=8+dca", "self_extend:G=4+logn", "alibi", "fire", "xpos:scale_base=64"]
 
 

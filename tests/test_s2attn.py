@@ -367,7 +367,7 @@ def test_bad_shift():
     [
         ("s2_attn+dca", r"s2_attn cannot be combined with dca \('position_rule' methods: dca, leaky_rerope, rerope, "
                         r"self_extend, string\): .*positions.*combines with 'frequency' methods \(.*yarn\)$"),
-        ("yarn:factor=4+s2_attn+logn", r"s2_attn cannot be combined with logn \('query_scale' methods: logn\):"),
+        ("yarn:factor=4+s2_attn+logn", r"s2_attn cannot be combined with logn \('query_scale' methods: logn, temperature\):"),
         ("s2_attn+self_extend+logn", r"s2_attn cannot be combined with self_extend \('position_rule' methods: .*\):"),
         ("dynamic_ntk:factor=2:cache_consistent=true+s2_attn", r"s2_attn cannot be combined with dynamic_ntk \(it rotates "
                                                                r"queries and keys inside attention\): .*cache_consistent=false"),
