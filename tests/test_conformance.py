@@ -62,6 +62,7 @@ CHECKPOINT_REFUSED = ("lfm3",)
 RULE_REFUSED: dict[str, str] = {
     "exaone4": "no layer to rewrite", "exaone_moe": "no layer to rewrite", "kolibri1": "no layer to rewrite",
     "ministral": "every layer of this model uses sliding-window attention",
+    "beam": "use sliding-window attention",  # (its full layers are NoPE: no layer for a position rule)
 }
 
 
@@ -289,3 +290,18 @@ def test_llama4s_attention_temperature_as_a_method_equals_transformers_own(monke
     with pytest.raises(ValueError, match=r"temperature: .* every attention layer of this model has positions \(no NoPE "
                                          r"layer to take layers=nope\); give layers=all or layers=rope"):
         rope_ext.patch(tiny_model("llama"), "temperature:layers=nope")
+
+
+def test_a_bias_replaces_positions_only_on_the_layers_that_have_them():
+    """Beam's full-attention layers have no rope parameters (NoPE): ALiBi goes to its sliding layers alone (it was
+    added to every layer); AFMoE rotates under a condition of its forward rope_ext cannot read, so it refuses."""
+    from rope_ext.installers.attention import installed_programs
+
+    model = tiny_model("beam")
+    with rope_ext.patched(model, "alibi"):
+        terms = {model.config.layer_types[i]: len(program.terms)
+                 for i, (_, program) in enumerate(installed_programs(model))}
+    assert terms == {"sliding_attention": 1, "full_attention": 0}
+    with pytest.raises(ValueError, match=r"under a condition of its own \(if self.is_local_attention: layers without "
+                                         r"positions\), so rope_ext cannot tell which layers have positions"):
+        rope_ext.patch(tiny_model("afmoe"), "alibi")

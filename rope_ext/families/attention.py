@@ -61,7 +61,9 @@ def attention_layers(model: nn.Module, config: Any) -> list[AttentionLayer]:
         if is_attention(module):
             layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
             layer_type = layer_types[module.layer_idx] if layer_types else None
-            found.append(AttentionLayer(module, layer_type, sliding_window(module), applies_rope(module)))
+            parameters = getattr(module.config, "rope_parameters", None) or {}
+            nope = layer_type in parameters and parameters[layer_type] is None  # (Beam's full layers: no rotary)
+            found.append(AttentionLayer(module, layer_type, sliding_window(module), applies_rope(module) and not nope))
     return found
 
 
@@ -111,8 +113,7 @@ def rotation_refused(cls: type) -> str | None:
       queries against ``rotate``;
     * its forward changes queries or keys after rotating them (HunYuan applies its q/k norm after RoPE): read off
       the forward's source, a ``query_states``/``key_states`` assignment from a module call after the rotation;
-    * it rotates the last dims of each head (DeepSeek's multi-head latent attention: ``cat((q_pass, q_rot))``), or
-      rotates under a condition ``applies_rope`` does not read (AFMoE and Flint rotate their sliding layers only).
+    * it rotates the last dims of each head (DeepSeek's multi-head latent attention: ``cat((q_pass, q_rot))``).
     """
     import sys
 
@@ -156,17 +157,14 @@ def rotation_refused(cls: type) -> str | None:
             "its attention rotates the last dims of each head (the rope part after the position-free part, as "
             "multi-head latent attention splits them), where rope_ext's attention-time rotation rotates the first"
         )
-    condition = _rotation_condition(source)
-    if condition is not None and condition not in KNOWN_CONDITIONS:
-        return (
-            f"its attention rotates queries and keys only under a condition of its own ({condition}: layers without "
-            "positions), which rope_ext does not read off its layers"
-        )
     return None
 
 
-#: the conditions under which a forward rotates that ``applies_rope`` reads off each layer (SmolLM3, EXAONE 4)
-KNOWN_CONDITIONS = ("if self.use_rope:", "if self.sliding_window is None or self.is_sliding:")
+#: the conditions under which a forward rotates that are read off each layer: ``applies_rope`` (SmolLM3, EXAONE 4),
+#: a layer type without rope parameters (Beam's NoPE layers get no position embeddings), a model-wide switch (Zamba2's:
+#: off, the model holds no rotary module to patch)
+KNOWN_CONDITIONS = ("if self.use_rope:", "if self.sliding_window is None or self.is_sliding:",
+                    "if position_embeddings is not None:", "if self.config.use_mem_rope:")
 
 
 def _rotation_condition(source: str) -> str | None:
@@ -179,7 +177,8 @@ def _rotation_condition(source: str) -> str | None:
     for line in reversed(lines[:at]):
         stripped = line.strip()
         if stripped and len(line) - len(line.lstrip()) < indent:
-            return " ".join(stripped.split()) if stripped.startswith(("if ", "elif ", "else")) else None
+            # (an else chooses between rotations, DeepSeek's interleaved one or not: every layer rotates)
+            return " ".join(stripped.split()) if stripped.startswith(("if ", "elif ")) else None
     return None
 
 
@@ -199,9 +198,10 @@ def _after(source: str, marker: str) -> str:
 @functools.cache
 def program_refused(cls: type) -> str | None:
     """Why no attention program may run in this attention class (``None``: one may), read off its code: it holds a
-    rotary module per layer (Moshi), or its forward passes the attention function learned sinks (``s_aux``: gpt-oss,
-    Granite SWA) or a mask of its own instead of the one it was given (Doge's dynamic mask), none of which rope_ext's
-    attention takes."""
+    rotary module per layer (Moshi), rotates under a condition ``applies_rope`` does not read (AFMoE and Flint rotate
+    their sliding layers only: a bias or query scale would land on layers without positions), or its forward passes
+    the attention function learned sinks (``s_aux``: gpt-oss, Granite SWA) or a mask of its own instead of the one it
+    was given (Doge's dynamic mask), none of which rope_ext's attention takes."""
     try:
         if "RotaryEmbedding(" in inspect.getsource(cls.__init__):
             return ("each of its attention layers holds a rotary module of its own (Moshi's), where rope_ext's "
@@ -212,6 +212,13 @@ def program_refused(cls: type) -> str | None:
     source = _forward_source(cls)
     if source is None:
         return None
+    condition = _rotation_condition(source)
+    if condition is not None and condition not in KNOWN_CONDITIONS:  # (every program term depends on which layers
+        return (  # have positions: a bias or a query scale would land on layers without them)
+            f"its attention rotates queries and keys only under a condition of its own ({condition.rstrip(':')}: "
+            "layers without positions), so rope_ext cannot tell which layers have positions; methods that rewrite "
+            "attention are refused for it"
+        )
     call = _after(source, "attention_interface(")
     if re.search(r"\bs_aux\s*=", call):
         return ("its attention adds learned sinks to the softmax (s_aux), which rope_ext's attention does not "
