@@ -62,7 +62,7 @@ CHECKPOINT_REFUSED = ("lfm3",)
 RULE_REFUSED: dict[str, str] = {
     "exaone4": "no layer to rewrite", "exaone_moe": "no layer to rewrite", "kolibri1": "no layer to rewrite",
     "ministral": "every layer of this model uses sliding-window attention",
-    "beam": "use sliding-window attention",  # (its full layers are NoPE: no layer for a position rule)
+    "beam": "no layer to rewrite",  # (its full layers are NoPE: no layer for a position rule)
 }
 
 

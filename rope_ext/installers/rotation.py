@@ -84,7 +84,9 @@ def check_chosen_layers(family: str, layers: list[AttentionLayer], chosen) -> No
         return
     sliding = sorted({l.layer_type for l in layers if l.layer_type in chosen and l.sliding_window is not None}, key=str)
     if sliding:
-        full = sorted({l.layer_type for l in layers if l.sliding_window is None}, key=str)
+        full = sorted({l.layer_type for l in layers if l.sliding_window is None and l.rotary}, key=str)
+        if not full:  # (the full-attention layers have no positions: Beam's, EXAONE 4's hybrid)
+            raise ValueError(no_layer_to_rewrite(family, layers))
         raise ValueError(
             f"{family}: layer types {sliding} use sliding-window attention, which attention methods do not rewrite; "
             f"choose layer_types among the full-attention ones: {full}"
