@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from rope_ext.installers.attention import AttentionLayer, AttentionSite
+from rope_ext.installers.rotary import nope_layer_types
 
 
 def is_attention(module: nn.Module) -> bool:
@@ -29,10 +30,7 @@ def is_attention(module: nn.Module) -> bool:
 def dispatches_through_interface(cls: type) -> bool:
     """Whether an attention class's forward calls the function ``AttentionInterface`` holds for the config's
     implementation (Falcon's picks SDPA or eager itself, so a registered function would never run)."""
-    try:
-        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
+    return "ALL_ATTENTION_FUNCTIONS" in (_source(cls.forward) or "")
 
 
 def sliding_window(module: nn.Module) -> int | None:
@@ -61,8 +59,7 @@ def attention_layers(model: nn.Module, config: Any) -> list[AttentionLayer]:
         if is_attention(module):
             layer_types = getattr(module.config, "layer_types", None) or getattr(config, "layer_types", None)
             layer_type = layer_types[module.layer_idx] if layer_types else None
-            parameters = getattr(module.config, "rope_parameters", None) or {}
-            nope = layer_type in parameters and parameters[layer_type] is None  # (Beam's full layers: no rotary)
+            nope = layer_type in nope_layer_types(module.config)  # (Beam's full layers: no rotary)
             found.append(AttentionLayer(module, layer_type, sliding_window(module), applies_rope(module) and not nope))
     return found
 
@@ -96,10 +93,7 @@ def softmax_scale_rule(cls: type):
     import sys
 
     rule = getattr(sys.modules.get(cls.__module__), "yarn_apply_mscale", None)
-    try:
-        calls = "yarn_apply_mscale(" in inspect.getsource(cls.__init__)
-    except (OSError, TypeError):
-        return None
+    calls = "yarn_apply_mscale(" in (_source(cls.__init__) or "")
     return rule if calls and callable(rule) else None
 
 
@@ -143,7 +137,7 @@ def rotation_refused(cls: type) -> str | None:
                 "its attention applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
                 "rope_ext's attention-time rotation does not reproduce"
             )
-    source = _forward_source(cls)
+    source = _source(cls.forward)
     if source is None:
         return None
     after = _after(source, "apply_rotary_pos_emb(")
@@ -182,10 +176,10 @@ def _rotation_condition(source: str) -> str | None:
     return None
 
 
-def _forward_source(cls: type) -> str | None:
-    """The source of a class's ``forward`` (``None``: not readable)."""
+def _source(function) -> str | None:
+    """The source of a function, a class's ``forward`` or ``__init__`` (``None``: not readable)."""
     try:
-        return inspect.getsource(cls.forward)
+        return inspect.getsource(function)
     except (OSError, TypeError):
         return None
 
@@ -202,14 +196,10 @@ def program_refused(cls: type) -> str | None:
     their sliding layers only: a bias or query scale would land on layers without positions), or its forward passes
     the attention function learned sinks (``s_aux``: gpt-oss, Granite SWA) or a mask of its own instead of the one it
     was given (Doge's dynamic mask), none of which rope_ext's attention takes."""
-    try:
-        if "RotaryEmbedding(" in inspect.getsource(cls.__init__):
-            return ("each of its attention layers holds a rotary module of its own (Moshi's), where rope_ext's "
-                    "attention rewrites take the one module the model shares; methods that rewrite attention are "
-                    "refused for it")
-    except (OSError, TypeError):
-        pass
-    source = _forward_source(cls)
+    if "RotaryEmbedding(" in (_source(cls.__init__) or ""):
+        return ("each of its attention layers holds a rotary module of its own (Moshi's), where rope_ext's attention "
+                "rewrites take the one module the model shares; methods that rewrite attention are refused for it")
+    source = _source(cls.forward)
     if source is None:
         return None
     condition = _rotation_condition(source)

@@ -69,7 +69,8 @@ class FamilyAdapter(ABC):
         with attention sites; a family with probes of its own extends it."""
         if AttentionSite.kind not in self.site_kinds:
             return Refusals()
-        cap, chunk = softcapping(config_class_of(model_type)), chunking(config_class_of(model_type))
+        config_class = config_class_of(model_type)
+        cap, chunk = softcapping(config_class), chunking(config_class)
         if cap is not None:
             return Refusals({AttentionSite.kind: softcapping_refused(cap)})
         return Refusals() if chunk is None else Refusals({AttentionSite.kind: chunking_refused(chunk)})

@@ -32,7 +32,7 @@ from rope_ext.installers.attention import AttentionSite, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
 from rope_ext.installers.buckets import BucketSite, DistanceFunction, relative_programs
 from rope_ext.installers.params import OwnedModule, own
-from rope_ext.installers.rotary import RotarySite
+from rope_ext.installers.rotary import RotarySite, nope_layer_types
 from rope_ext.methods import (
     HOOK_ABSOLUTE,
     HOOK_BIAS,
@@ -208,9 +208,8 @@ def _switch_off_positions(builder: PlanBuilder, method: str, family: str) -> Non
         raise ValueError(f"{method}: {family}: found no position encoding (rotary module or position table) to replace")
     for site in rotary_sites:
         rotary = site.replacement(builder)
-        parameters = getattr(site.config, "rope_parameters", None) or {}  # (a NoPE layer type's are None: no rotary)
         layer_types = [lt for lt in getattr(site.module, "layer_types", None) or [None]
-                       if lt is None or parameters.get(lt) is not None]
+                       if lt not in nope_layer_types(site.config)]  # (a NoPE layer type: no rotary)
         rotary.set_identity({layer_type: site.spec(layer_type, None, True) for layer_type in layer_types})
     for site in absolute_sites:
         site.replacement(builder).switch_off()

@@ -62,8 +62,11 @@ class FrequencyInstaller(HookInstaller):
             chosen = site.layer_types(builder.option("layer_types"))
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
-            self._softmax_scale_edits(builder, site, method, specs)
-            self._config_edits(builder, site, method, specs)
+            # transformers' own version of the method per layer type (None: it has none)
+            native = {lt: method.native_rope_parameters(spec, site.config.max_position_embeddings)
+                      for lt, spec in specs.items()}
+            self._softmax_scale_edits(builder, site, native)
+            self._config_edits(builder, site, method, specs, native)
             # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)
             limit = None
             if not method.dynamic:
@@ -89,7 +92,7 @@ class FrequencyInstaller(HookInstaller):
         return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
 
     def _softmax_scale_edits(
-        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
+        self, builder: PlanBuilder, site: RotarySite, native: dict[str | None, dict | None]
     ) -> None:
         """Where the modeling code derives each layer's softmax scale from the rope parameters (``AttentionSite.
         softmax_scale``: DeepSeek's ``yarn_apply_mscale``), the scale the method's own parameters give, as
@@ -99,19 +102,18 @@ class FrequencyInstaller(HookInstaller):
             if rule is None:
                 continue
             for layer in attention.layers:
-                if layer.layer_type not in specs or not isinstance(getattr(layer.module, "scaling", None), float):
+                if layer.layer_type not in native or not isinstance(getattr(layer.module, "scaling", None), float):
                     continue
-                spec = specs[layer.layer_type]
-                new = method.native_rope_parameters(spec, site.config.max_position_embeddings) or {}
+                new = native[layer.layer_type] or {}
                 before, after = rule(site.params(layer.layer_type), 1.0), rule({"rope_type": "default", **new}, 1.0)
                 if after != before:
                     builder.edit(layer.module, "scaling", layer.module.scaling / before * after)
 
     def _config_edits(
-        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec]
+        self, builder: PlanBuilder, site: RotarySite, method: FrequencyConfig, specs: dict[str | None, RotarySpec],
+        native: dict[str | None, dict | None],
     ) -> None:
         config = site.config
-        native = {lt: method.native_rope_parameters(spec, config.max_position_embeddings) for lt, spec in specs.items()}
         if any(params is None or not site.accepts(params["rope_type"]) for params in native.values()):
             # No native equivalent: the rope_ext block alone records the patch, and the config keeps claiming only
             # what plain transformers gives when it loads it (the unpatched rotation and its length).

@@ -134,6 +134,12 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         return f"method={self.method.method if self.method else None}{suffix}"
 
 
+def nope_layer_types(config: Any) -> set[str]:
+    """The layer types a config gives no rope parameters (``None``: Beam's full-attention layers use no positions)."""
+    parameters = getattr(config, "rope_parameters", None)
+    return {lt for lt, params in parameters.items() if params is None} if isinstance(parameters, dict) else set()
+
+
 @dataclass(eq=False)
 class RotarySite(Site):
     """A rotary module, where it hangs (``parent.attribute``), and what its family's config accepts."""
@@ -174,8 +180,7 @@ class RotarySite(Site):
                     f"from); leave layer_types out (--layer-types), got {requested!r}"
                 )
             return [None]
-        parameters = getattr(self.config, "rope_parameters", None) or {}
-        nope = [lt for lt in available if lt in parameters and parameters[lt] is None]  # (Beam's full layers)
+        nope = [lt for lt in available if lt in nope_layer_types(self.config)]  # (Beam's full layers)
         available = [lt for lt in available if lt not in nope]
         if requested is None:
             requested = [lt for lt in (self.default_layer_types or available) if lt in available] or available
