@@ -710,3 +710,15 @@ def test_llama4_temperature_at_hand_values():
     doubled = TemperatureConfig(attn_scale=0.2, floor_scale=8).query_multiplier(i, 8)
     torch.testing.assert_close(doubled, hand([1 + 2 * (e - 1) for e in expected]), rtol=1e-12, atol=0)
     assert (TemperatureConfig().attn_scale, TemperatureConfig().layers) == (0.1, "all")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("temperature:attn_scale=0", "temperature: attn_scale must be a number in (0, 10], got 0"),
+    ("temperature:attn_scale=11", "temperature: attn_scale must be a number in (0, 10], got 11"),
+    ("temperature:floor_scale=1", "temperature: floor_scale must be an int >= 2, got 1"),
+    ("temperature:layers=bogus", "temperature: layers must be one of all, nope, rope, got 'bogus'"),
+])
+def test_llama4_temperature_refuses_bad_values_naming_the_valid_ones(spec, message):
+    with pytest.raises(ValueError) as refused:
+        make_config(spec)
+    assert str(refused.value).startswith(message)
