@@ -4,11 +4,12 @@
 # Wheels the machine lacks (transformers at the pinned version) travel in .whl (ignored; see docs/benchmarks.md).
 # Each step has its own time limit, so a slow one leaves the others their time; what finished is under $OUT.
 # A shorter session: LENGTHS=16k,128k ROUNDS=2 TOKENS=16 BIAS_LENGTHS=16k T5_LENGTHS=16k bash scripts/cuda_session.sh
+# STEPS picks steps by name (tests, flex, biases, methods, t5; default all, in that order).
 set -u
 OUT=${OUT:-results/cuda_session}
 LENGTHS=${LENGTHS:-16k,32k,64k,128k} ROUNDS=${ROUNDS:-3} TOKENS=${TOKENS:-24}
-BIAS_LENGTHS=${BIAS_LENGTHS:-16k,32k} T5_LENGTHS=${T5_LENGTHS:-8k,16k}
-LIMITS=(${LIMITS:-150 230 80 60 150})  # (seconds: the tests, the methods' benchmark, the biases', T5's, flex options)
+BIAS_LENGTHS=${BIAS_LENGTHS:-16k,32k} T5_LENGTHS=${T5_LENGTHS:-8k,16k} STEPS=${STEPS:-tests,flex,biases,methods,t5}
+LIMITS=(${LIMITS:-200 180 120 230 60})  # (seconds: the tests, flex options, the biases' benchmark, the methods', T5's)
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -23,12 +24,16 @@ torch.cuda.get_device_name(), torch.cuda.get_device_capability())"; \
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")  # (pytest-xdist, where installed)
-step ${LIMITS[0]} python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py $workers --junitxml "$OUT/test_cuda.xml" -rfE
-step ${LIMITS[1]} python3 scripts/bench_attention_cuda.py --lengths "$LENGTHS" --rounds "$ROUNDS" --decode-length 32k \
-    --decode-tokens "$TOKENS" --decode-batches 1,8 --profile "$OUT/profile.json" --out "$OUT/bench_attention_cuda.json"
-step ${LIMITS[2]} python3 scripts/bench_attention_cuda.py --methods alibi,kerple --lengths "$BIAS_LENGTHS" --rounds "$ROUNDS" \
-    --decode-length 16k --decode-tokens 16 --decode-batches 1 --out "$OUT/bench_bias_cuda.json"
-step ${LIMITS[3]} python3 scripts/bench_attention_cuda.py --model t5 --methods t5_bucket_scale:factor=1 --lengths "$T5_LENGTHS" \
-    --rounds "$ROUNDS" --decode-tokens 0 --out "$OUT/bench_t5_cuda.json"
-step ${LIMITS[4]} env OUT="$OUT" python3 scripts/flex_configs.py
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+has tests && step ${LIMITS[0]} python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py $workers \
+    --junitxml "$OUT/test_cuda.xml" -rfE
+has flex && step ${LIMITS[1]} env OUT="$OUT" python3 scripts/flex_configs.py
+has biases && step ${LIMITS[2]} python3 scripts/bench_attention_cuda.py --methods alibi,kerple --lengths "$BIAS_LENGTHS" \
+    --rounds "$ROUNDS" --decode-length 16k --decode-tokens 16 --decode-batches 1 --profile "$OUT/profile_bias.json" \
+    --out "$OUT/bench_bias_cuda.json"
+has methods && step ${LIMITS[3]} python3 scripts/bench_attention_cuda.py --lengths "$LENGTHS" --rounds "$ROUNDS" \
+    --decode-length 32k --decode-tokens "$TOKENS" --decode-batches 1,8 --profile "$OUT/profile.json" \
+    --out "$OUT/bench_attention_cuda.json"
+has t5 && step ${LIMITS[4]} python3 scripts/bench_attention_cuda.py --model t5 --methods t5_bucket_scale:factor=1 \
+    --lengths "$T5_LENGTHS" --rounds "$ROUNDS" --decode-tokens 0 --out "$OUT/bench_t5_cuda.json"
 echo "== $(date -u +%T) done" | tee -a "$log"

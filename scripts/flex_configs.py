@@ -1,55 +1,231 @@
-"""Which flex-attention kernel options compile for the default model's shape (bf16, 9 heads over 3, d=64) on this
-GPU, and their speed: ALiBi prefill of the whole model at 16k against SDPA, each option after a dynamo reset, and
-the largest logit distance from the blockwise path at 2k. Writes ``$OUT/flex_configs.json`` (the current folder
-without ``OUT``). Needs a CUDA GPU with Triton: ``python scripts/flex_configs.py`` (``rope_ext.attention.flex``'s
-``KERNEL_OPTIONS`` were chosen with it, ``docs/results/cuda/flex_configs.json``)."""
+"""How to run a bias of the distance as one flex-attention call on this GPU (``rope_ext.attention.flex``), measured.
 
+1. The attention op alone, at the default model's shape (bf16, 9 heads over 3 KV heads, head size 64) and
+   ``--length`` keys: SDPA's causal attention (cuDNN / flash, as SDPA picks) against flex attention under the causal
+   block mask with no bias (flex's own floor), ALiBi computed from the distance (``slopes``, rope_ext's form for
+   ALiBi) and ALiBi read from a table by distance (``table``, its form for KERPLE and Sandwich), for each set of
+   ``kernel_options`` below and for dynamic and static shapes. Each compiled after a dynamo reset (its compile time
+   kept); then the configurations timed in interleaved rounds, the order reversed every other round, each against
+   the SDPA of its round (median and spread). The largest distance of each biased form from float32 attention with
+   the bias written out (at ``--check-length``) is kept beside it.
+2. The whole model (random weights) patched with ALiBi at each ``--model-lengths`` value, with rope_ext's settings
+   (``flex.KERNEL_OPTIONS`` / ``DYNAMIC`` / ``LINEAR`` as committed) and with the fastest options of step 1, against
+   the unpatched model's SDPA in the same interleaved rounds.
+
+Writes ``$OUT/flex_configs.json`` (``--out``). Needs a CUDA GPU with Triton; ``--device cpu`` runs it uncompiled at
+small sizes to check the script (its numbers mean nothing).
+
+    python scripts/flex_configs.py [--length 16k] [--model-lengths 16k,32k] [--rounds 5] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
 import json
 import os
 import statistics
+import sys
 import time
-import warnings
+import traceback
 
 import torch
+import torch.nn.functional as F
 from bench_attention_cuda import DEFAULT_SHAPE  # (this folder is sys.path[0])
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import rope_ext
 from rope_ext.attention import flex
+from rope_ext.methods.biases import alibi_slopes
+from rope_ext.runs.values import parse_lengths
 
-torch.manual_seed(0)
-model = LlamaForCausalLM(LlamaConfig(**DEFAULT_SHAPE)).to("cuda", torch.bfloat16).eval()
-ids = torch.randint(3, 49152, (1, 16384), device="cuda")
-def timed(fn, rounds=3):
+#: kernel_options tried (None: flex's defaults for the chip)
+OPTIONS = [
+    None,
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "num_warps": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 1, "num_warps": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 2, "num_warps": 8},
+    {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 2, "num_warps": 4},
+]
+HEADS, KV_HEADS, HEAD_DIM = DEFAULT_SHAPE["num_attention_heads"], DEFAULT_SHAPE["num_key_value_heads"], 64
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _reset(options, dynamic):
+    torch._dynamo.reset()
+    flex._compiled.cache_clear()
+    flex.FAILED.clear()
+    flex.KERNEL_OPTIONS, flex.DYNAMIC = options, dynamic
+
+
+def _causal_only(q, k, v, scale):
+    """Flex attention under the causal block mask with no score modification (through rope_ext's compiled call)."""
+    block_mask, _ = flex._causal_mask(q.shape[2], k.shape[2], q.device)
+    flex_attention, _ = flex._flex()
+    call = flex._compiled() if flex.COMPILE else flex_attention
+    extra = {"kernel_options": flex.KERNEL_OPTIONS} if flex.COMPILE else {}
+    return call(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **extra)
+
+
+def _inputs(n, device, dtype, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(1, HEADS, n, HEAD_DIM, device=device, dtype=dtype, generator=g)
+    k = torch.randn(1, KV_HEADS, n, HEAD_DIM, device=device, dtype=dtype, generator=g)
+    v = torch.randn(1, KV_HEADS, n, HEAD_DIM, device=device, dtype=dtype, generator=g)
+    return q, k, v
+
+
+def op_sweep(args, device, dtype) -> dict:
+    slopes = torch.tensor(alibi_slopes(HEADS), device=device)
+    n, scale = args.length, HEAD_DIM ** -0.5
+    q, k, v = _inputs(n, device, dtype)
+    table = (-slopes[:, None] * torch.arange(n, device=device, dtype=torch.float32)[None]).contiguous()
+    cq, ck, cv = _inputs(args.check_length, device, dtype, seed=1)
+    m = args.check_length
+    d = torch.arange(m, device=device, dtype=torch.float32)
+    bias = (-slopes[:, None, None] * (d[:, None] - d[None, :]).abs()[None]).masked_fill(d[None, :] > d[:, None],
+                                                                                           float("-inf"))
+    groups = HEADS // KV_HEADS
+    exact = F.scaled_dot_product_attention(cq.float(), ck.float().repeat_interleave(groups, 1),
+                                           cv.float().repeat_interleave(groups, 1), attn_mask=bias, scale=scale)
+    check_table = table[:, :m].contiguous()
+    forms = {
+        "causal": lambda x, y, z: _causal_only(x, y, z, scale),
+        "slopes": lambda x, y, z: flex.distance_biased(x, y, z, scale, slopes=slopes),
+        "table": lambda x, y, z: flex.distance_biased(x, y, z, scale, table=table if x.shape[2] == n else check_table),
+    }
+    rows = []
+    committed = (flex.KERNEL_OPTIONS, flex.DYNAMIC)
+    settings = [(o, True) for o in OPTIONS] + [(flex.KERNEL_OPTIONS, False)]
+    for options, dynamic in settings:
+        for form, fn in forms.items():
+            _reset(options, dynamic)
+            row = {"options": options, "dynamic": dynamic, "form": form}
+            try:
+                row["compile_s"] = _timed(lambda: fn(q, k, v), device)
+                out = fn(q, k, v)
+                if out is None or flex.FAILED:
+                    row["failed"] = True
+                else:
+                    if form != "causal":
+                        row["max_diff_vs_float32"] = (fn(cq, ck, cv).float() - exact).abs().max().item()
+                    row["times"] = []
+            except Exception as error:  # (a config the compiler refuses: kept with its words)
+                row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "times"}), flush=True)
+            if "times" in row:  # (timed now, on this compile, against SDPA in interleaved rounds)
+                sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+                ratios = []
+                for r in range(args.rounds):
+                    pair = [("sdpa", sdpa), ("flex", lambda: fn(q, k, v))]
+                    got = dict((name, _timed(f, device)) for name, f in (pair if r % 2 == 0 else pair[::-1]))
+                    ratios.append(got["flex"] / got["sdpa"])
+                    row["times"].append(got)
+                row["ratio"] = _spread(ratios)
+                print(json.dumps({"form": form, "options": options, "dynamic": dynamic, "ratio": row["ratio"]}),
+                      flush=True)
+    _reset(*committed)
+    return {"length": n, "check_length": args.check_length, "rows": rows}
+
+
+def model_runs(args, device, dtype, best) -> list[dict]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**(DEFAULT_SHAPE | dict(num_hidden_layers=args.layers))))
+    model = model.to(device, dtype).eval()
+    committed = (flex.KERNEL_OPTIONS, flex.DYNAMIC)
+    settings = {"committed": committed}
+    if best is not None and best != committed:
+        settings["fastest_op"] = best
     out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize(); t = time.perf_counter(); fn(); torch.cuda.synchronize(); out.append(time.perf_counter() - t)
-    return statistics.median(out)
-fwd = lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)
-results = []
-with torch.no_grad():
-    fwd(); sdpa = timed(fwd)
-    short = ids[:, :2048]
-    with rope_ext.patched(model, "alibi"):
-        flex.COMPILE_FAILED = True  # the blockwise path: the reference logits at 2k
-        blockwise = model(input_ids=short).logits.float()
-    for options in [None, {"num_stages": 2}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2},
-                    {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "num_warps": 4}, {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1}]:
-        torch._dynamo.reset(); flex._compiled.cache_clear(); flex.COMPILE_FAILED = False; flex.KERNEL_OPTIONS = options
-        row = dict(options=options)
-        try:
-            with rope_ext.patched(model, "alibi"), warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                t0 = time.perf_counter(); logits = model(input_ids=short).logits.float(); row["compile_s"] = time.perf_counter() - t0
-                row["failed"] = flex.COMPILE_FAILED
-                row["warnings"] = [str(w.message)[:300] for w in caught][:2]
-                row["max_diff_vs_blockwise_2k"] = (logits - blockwise).abs().max().item()
-                if not flex.COMPILE_FAILED:
-                    fwd(); row["ratio_16k"] = timed(fwd) / sdpa
-                    torch.cuda.reset_peak_memory_stats(); before = torch.cuda.memory_allocated(); fwd()
-                    row["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
-        except Exception as error:
-            row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-        print(json.dumps(row), flush=True); results.append(row)
-json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, sdpa_16k_s=sdpa, results=results),
-          open(os.path.join(os.environ.get("OUT", "."), "flex_configs.json"), "w"), indent=1)
+    for length in args.model_lengths:
+        ids = torch.randint(3, DEFAULT_SHAPE["vocab_size"], (1, length), device=device)
+        fwd = lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        for name, (options, dynamic) in settings.items():
+            _reset(options, dynamic)
+            row = {"length": length, "setting": name, "options": options, "dynamic": dynamic, "ratios": []}
+            try:
+                with torch.no_grad():
+                    fwd()
+                    with rope_ext.patched(model, "alibi"):
+                        row["compile_s"] = _timed(fwd, device)
+                    for r in range(args.rounds):
+                        got = {}
+                        for which in (("sdpa", "alibi") if r % 2 == 0 else ("alibi", "sdpa")):
+                            if which == "alibi":
+                                with rope_ext.patched(model, "alibi"):
+                                    got[which] = _timed(fwd, device)
+                            else:
+                                got[which] = _timed(fwd, device)
+                        row["ratios"].append(got["alibi"] / got["sdpa"])
+                        row.setdefault("sdpa_s", []).append(got["sdpa"])
+                    row["failed"] = bool(flex.FAILED)
+                    if device == "cuda":
+                        with rope_ext.patched(model, "alibi"):
+                            torch.cuda.reset_peak_memory_stats()
+                            before = torch.cuda.memory_allocated()
+                            fwd()
+                            alibi_peak = torch.cuda.max_memory_allocated() - before
+                        torch.cuda.reset_peak_memory_stats()
+                        before = torch.cuda.memory_allocated()
+                        fwd()
+                        row["peak_ratio"] = alibi_peak / (torch.cuda.max_memory_allocated() - before)
+                row["ratio"] = _spread(row["ratios"])
+            except Exception as error:
+                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                traceback.print_exc()
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    _reset(*committed)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--length", type=parse_lengths, default=[16384])
+    parser.add_argument("--check-length", type=int, default=4096)
+    parser.add_argument("--model-lengths", type=parse_lengths, default=[16384, 32768])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=DEFAULT_SHAPE["num_hidden_layers"])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args(argv)
+    args.length = args.length[0]
+    device, dtype = args.device, torch.bfloat16
+    if device == "cpu":  # (a check of the script: flex's eager implementation, float32)
+        flex.COMPILE, dtype = False, torch.float32
+        flex.available = lambda q, k, v: True
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+              "committed": {"kernel_options": flex.KERNEL_OPTIONS, "dynamic": flex.DYNAMIC, "linear": flex.LINEAR}}
+    ops = op_sweep(args, device, dtype)
+    result["op"] = ops
+    timed = [r for r in ops["rows"] if r["form"] == "slopes" and "ratio" in r]
+    best = min(timed, key=lambda r: r["ratio"]["median"]) if timed else None
+    result["fastest_slopes"] = best and {k: best[k] for k in ("options", "dynamic", "ratio")}
+    result["model"] = model_runs(args, device, dtype, best and (best["options"], best["dynamic"]))
+    path = os.path.join(args.out, "flex_configs.json")
+    with open(path, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -617,7 +617,10 @@ def fused_here(monkeypatch):
     monkeypatch.setattr(flex, "available", lambda q, k, v: True)
     calls = []
     original = flex.distance_biased
-    monkeypatch.setattr(flex, "distance_biased", lambda *args: calls.append(args[0].shape) or original(*args))
+    monkeypatch.setattr(flex, "FAILED", set())
+    monkeypatch.setattr(flex, "distance_biased",
+                        lambda *args: calls.append((args[0].shape, "slopes" if args[5] is not None else "table"))
+                        or original(*args))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention.*")
         yield calls
@@ -650,6 +653,44 @@ def test_a_bias_of_the_distance_runs_as_one_fused_call_equal_to_the_reference(fu
     else:  # (every layer: the whole batch, each padded row alone, then each chunk; the one-token chunk is decode)
         chunks = [c for c in range(0, L + 5, L // 2) if min(L + 5, c + L // 2) - c > 1]
         assert len(fused_here) == layers * (1 + 2 + len(chunks))
+        # ALiBi's bias computed from the distance in the kernel, the others' read from their table
+        assert {form for _, form in fused_here} == {"slopes" if method.startswith("alibi") else "table"}
+
+
+@pytest.mark.parametrize("method", ["alibi", "alibi:factor=2"])
+def test_alibis_slopes_in_the_fused_call_give_its_table_exactly(fused_here, monkeypatch, method):
+    """``-s_h (i - j)`` computed in the kernel is the table's float32 value at every distance: the logits are the
+    same bits either way (``flex.LINEAR`` off: the table)."""
+    from rope_ext.attention import flex
+
+    model = tiny_model("llama")
+    ids = input_ids(3 * L, batch=2)
+    with rope_ext.patched(model, method):
+        by_slopes = logits(model, ids)
+        monkeypatch.setattr(flex, "LINEAR", False)
+        by_table = logits(model, ids)
+    half = len(fused_here) // 2
+    assert half > 0 and [form for _, form in fused_here] == ["slopes"] * half + ["table"] * half
+    assert torch.equal(by_slopes, by_table)
+
+
+def test_a_failed_compile_sends_that_dtype_and_head_size_to_the_blockwise_path_with_one_warning(monkeypatch):
+    """A compile that fails returns ``None`` (the caller's blockwise path runs) and is remembered for its dtype and
+    head size alone: another dtype still tries the fused call."""
+    from rope_ext.attention import flex
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no valid triton configs")
+
+    monkeypatch.setattr(flex, "FAILED", set())
+    monkeypatch.setattr(flex, "_compiled", lambda: broken)
+    q = torch.randn(1, 2, 5, 16)
+    with pytest.warns(RuntimeWarning, match=r"failed here \(RuntimeError: no valid triton configs\); biases in "
+                                            r"float32 with head size 16 run on the blockwise path from now on"):
+        assert flex.distance_biased(q, q, q, 0.25, slopes=torch.ones(2)) is None
+    assert flex.FAILED == {(torch.float32, 16)}
+    with pytest.raises(ValueError, match="a bias table or slopes, one of the two"):
+        flex.distance_biased(q, q, q, 0.25)
 
 
 def test_the_distance_table_holds_the_bias_at_each_distance():

@@ -50,9 +50,9 @@ NOT_BUILT = {
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
 NO_PADDED_BATCH = ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu")
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
-#: table row: M-RoPE, p-RoPE without its length)
+#: table row: M-RoPE, proportional p-RoPE)
 FREQUENCY_REFUSED: dict[str, str] = {
-    "lfm3": "gives no original context length",
+    "lfm3": "its full_attention layers use proportional RoPE (rope type 'proportional', partial_rotary_factor=0.5",
     "qwen3_5": "M-RoPE", "qwen3_5_moe": "M-RoPE", "qwen3_5_moe_text": "M-RoPE", "qwen3_5_text": "M-RoPE",
 }
 #: of those, the refusals a checkpoint's config decides (the family's listing keeps the method)
@@ -305,3 +305,28 @@ def test_a_bias_replaces_positions_only_on_the_layers_that_have_them():
     with pytest.raises(ValueError, match=r"under a condition of its own \(if self.is_local_attention: layers without "
                                          r"positions\), so rope_ext cannot tell which layers have positions"):
         rope_ext.patch(tiny_model("afmoe"), "alibi")
+
+
+def test_lfm3s_proportional_rope_is_refused_and_its_other_layers_patch():
+    """Lfm3's full-attention layers rotate with proportional RoPE (``partial_rotary_factor`` 0.5 over the whole head,
+    the last frequencies zero): every method on them is refused in one line (ReRoPE crashed in the forward before,
+    rotating a quarter of the head it does not rotate), the model untouched. Its sliding layers' default RoPE
+    patches, and the model still reads its rotary module's ``layer_types`` through rope_ext's (it raised
+    AttributeError before)."""
+    model = tiny_model("lfm3")
+    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    base = _logits(model, ids)
+    for spec, options in (("rerope:w=32", {}), ("yarn:factor=4", {"original_max_position_embeddings": ORIGINAL})):
+        with pytest.raises(ValueError, match=r"^lfm3: its full_attention layers use proportional RoPE \(rope type "
+                                             r"'proportional', partial_rotary_factor=0.5: a rotation over the whole "
+                                             r"head of 16 dims whose last 4 frequencies are zero\), which rope_ext "
+                                             r"does not patch yet$"):
+            rope_ext.patch(model, spec, **options)
+        assert rope_ext.get_patch(model) is None and torch.equal(_logits(model, ids), base)
+    with rope_ext.patched(model, "pi:factor=4", layer_types=["sliding_attention"]):
+        rotary = model.model.rotary_emb
+        assert rotary.layer_types == rotary.original.layer_types and "layer_types" not in vars(rotary)
+        with pytest.raises(AttributeError):  # (never the original's tensors: its frequencies are not the patch's)
+            rotary.full_attention_original_inv_freq  # noqa: B018
+        assert not torch.equal(_logits(model, ids), base)
+    assert torch.equal(_logits(model, ids), base)

@@ -55,7 +55,7 @@ def accumulator_for(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     training: each call's weights dropped as autograd runs them)."""
     if call.dropout:
         return Accumulator(q, v.shape[-1], call.dropout)
-    if SingleQuery.applies(q, k):
+    if SingleQuery.applies(q, k, biased=bias is not None):
         return SingleQuery(q, v)
     if torch.is_grad_enabled():
         one = torch.zeros(1, device=q.device)

@@ -11,9 +11,14 @@ Triton kernel), under a causal block mask: one call a layer, no bias in memory, 
 call's dtype. Inference on rows at positions ``0..m-1`` only (the queries the last ``n`` keys, no sliding window);
 everything else keeps the blockwise path.
 
-The first call compiles (seconds); later shapes reuse it (dynamic shapes; the causal offset is a tensor). Where the
-compiled call fails, a warning says so and the blockwise path runs from then on. ``COMPILE = False`` runs the same
-function uncompiled (tests on the CPU: flex attention's own eager implementation, which writes out the scores).
+A bias that is ``-s_h |i - j|`` exactly (ALiBi's: ``distance_slopes``) is computed from the distance in the kernel
+instead, ``score - slopes[h] (i - j)``: the same float32 values as the table's, with no gather from memory per score.
+
+The first call compiles (seconds) for its shape; a call of another shape compiles once more, for every shape
+(``DYNAMIC``; the causal offset is a tensor). Where the
+compiled call fails, a warning says so and the blockwise path runs from then on for that dtype and head size.
+``COMPILE = False`` runs the same function uncompiled (tests on the CPU: flex attention's own eager implementation,
+which writes out the scores).
 """
 
 from __future__ import annotations
@@ -25,8 +30,14 @@ import torch
 
 #: run flex attention through ``torch.compile`` (False: its eager implementation, for tests on small inputs)
 COMPILE = True
-#: set when the compiled call failed in this process (the blockwise path runs instead)
-COMPILE_FAILED = False
+#: ``torch.compile``'s ``dynamic``: ``None`` compiles the first shape static and, once a shape changes, one kernel for
+#: every length (on an H200 at 16k, bf16: the whole model with ALiBi 1.53x SDPA static, 2.06x dynamic,
+#: ``docs/results/cuda/flex_configs.json``); ``True`` dynamic from the start; ``False`` one compile per shape
+DYNAMIC: bool | None = None
+#: a bias of the distance that is ``-s_h |i - j|`` (ALiBi) computed in the kernel (False: read from its table)
+LINEAR = True
+#: ``(dtype, head size)`` whose compiled call failed in this process (the blockwise path runs for them instead)
+FAILED: set[tuple[torch.dtype, int]] = set()
 #: flex attention's ``kernel_options``: with its defaults the default model's shape (bf16, head size 64) did not
 #: compile on an H200 (the kernel asked for 240 KiB of shared memory, the chip has 227); of the options tried there
 #: (``docs/results/cuda/flex_configs.json``) these compiled and ran fastest
@@ -36,8 +47,8 @@ KERNEL_OPTIONS: dict | None = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "n
 def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the fused call runs here: CUDA, no gradients, one head size (a power of two, 16 to 256) for queries,
     keys and values, half or single precision, torch's flex attention importable with Triton, and no compile of it
-    failed in this process."""
-    if COMPILE_FAILED or q.device.type != "cuda":
+    failed in this process for that dtype and head size."""
+    if q.device.type != "cuda" or (q.dtype, q.shape[-1]) in FAILED:
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
@@ -68,7 +79,7 @@ def _flex():
 @functools.lru_cache(maxsize=None)
 def _compiled():
     flex_attention, _ = _flex()
-    return torch.compile(flex_attention, dynamic=True)
+    return torch.compile(flex_attention, dynamic=DYNAMIC)
 
 
 @functools.lru_cache(maxsize=16)
@@ -92,16 +103,33 @@ def distance_table(bias, m: int, device: torch.device, heads: int) -> torch.Tens
     return row.flip(-1).float().expand(heads, m).contiguous()
 
 
-def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, table: torch.Tensor):
+def linear_slopes(terms, device: torch.device, heads: int) -> torch.Tensor | None:
+    """``[heads]`` float32 where the one bias term is ``-slopes[h] |i - j|`` exactly (its ``distance_slopes``:
+    ALiBi's), else ``None`` (several terms, whose sum the table holds as the blockwise path adds it; or ``LINEAR``
+    off)."""
+    if not LINEAR or len(terms) != 1:
+        return None
+    slopes = terms[0].distance_slopes(device)
+    return None if slopes is None else slopes.float().expand(heads).contiguous()
+
+
+def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    table: torch.Tensor | None = None, slopes: torch.Tensor | None = None):
     """Causal attention of ``q [b, h, n, d]`` (the last ``n`` of the ``m`` keys) over ``k, v [b, hk, m, d]`` (GQA
-    heads as they are) with ``table[h, i - j]`` added to each scaled score -> ``[b, h, n, d]`` in ``q``'s dtype;
-    ``None`` where the compiled call fails here (then ``available`` is false for the rest of the process: the
-    caller's blockwise path runs, after one warning)."""
-    global COMPILE_FAILED
+    heads as they are) with ``table[h, i - j]`` (or ``-slopes[h] (i - j)``, one of the two given) added to each
+    scaled score -> ``[b, h, n, d]`` in ``q``'s dtype; ``None`` where the compiled call fails here (then
+    ``available`` is false for the rest of the process at this dtype and head size: the caller's blockwise path
+    runs, after one warning)."""
+    if (table is None) == (slopes is None):
+        raise ValueError("flex.distance_biased takes a bias table or slopes, one of the two")
     block_mask, offset = _causal_mask(q.shape[2], k.shape[2], q.device)
 
-    def score_mod(score, b, h, q_idx, kv_idx):  # (pairs the mask drops are read at distance 0: never outside)
-        return score + table[h, torch.clamp(q_idx + offset - kv_idx, min=0)]
+    if slopes is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):  # (the same float32 product as the table's, -s * d)
+            return score - slopes[h] * (q_idx + offset - kv_idx)
+    else:
+        def score_mod(score, b, h, q_idx, kv_idx):  # (pairs the mask drops are read at distance 0: never outside)
+            return score + table[h, torch.clamp(q_idx + offset - kv_idx, min=0)]
 
     flex_attention, _ = _flex()
     groups = q.shape[1] // k.shape[1]
@@ -111,8 +139,9 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1,
                            kernel_options=KERNEL_OPTIONS)
     except Exception as error:  # (torch.compile's errors have no common class)
-        COMPILE_FAILED = True
+        FAILED.add((q.dtype, q.shape[-1]))
         warnings.warn(f"rope_ext: the fused bias attention (flex attention through torch.compile) failed here "
-                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); biases run "
-                      "on the blockwise path from now on", RuntimeWarning, stacklevel=2)
+                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); biases in "
+                      f"{str(q.dtype).removeprefix('torch.')} with head size {q.shape[-1]} run on the blockwise path "
+                      "from now on", RuntimeWarning, stacklevel=2)
         return None

@@ -113,6 +113,10 @@ class Bias(Term):
         """Whether the bias depends on the distance ``i - j`` alone (a term that does says so)."""
         return False
 
+    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:
+        """``[h]`` (float32, on ``device``) where the bias is ``-slopes[h] |i - j|`` exactly (ALiBi's), else ``None``."""
+        return None
+
 
 class MethodTerm(Term):
     """A term made from a method config (``method``), named and described by it."""

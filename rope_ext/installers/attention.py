@@ -318,6 +318,9 @@ class ShiftedBias(Bias):
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.term.key_bias(c + self.offset, k_pos + self.offset)
 
+    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:  # (a distance is the same moved)
+        return self.term.distance_slopes(device)
+
 
 def run_over_kept_keys(call: Call, dropped: int) -> torch.Tensor:
     """``call``'s output ``[b, h, n, dv]`` where a sliding cache dropped the sequence's first ``dropped`` keys, so keys

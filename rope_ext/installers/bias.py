@@ -95,6 +95,10 @@ class PositionBias(Bias, MethodTerm):
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self._module(k_pos.device).key_bias(c, k_pos)
 
+    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:
+        slopes = None if self.owned is not None else getattr(self._module(device), "distance_slopes", None)
+        return None if slopes is None else slopes().to(device=device, dtype=torch.float32)
+
 
 class BiasInstaller(HookInstaller):
     """Additive biases: the model's own positions switched off, a ``PositionBias`` in every layer that had them."""

@@ -59,6 +59,19 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         #: layer types whose (cos, sin) are the identity, with their rotary dimension
         self.identity: dict[str | None, int] = {}
 
+    def __getattr__(self, name: str):
+        """What the model reads off its rotary module besides calling it (Lfm3's ``layer_types``, HunYuan-VL's
+        ``mrope_section``) is the original's, where this module has no attribute of that name; never its tensors
+        (its frequencies are not this module's)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self._modules.get("original")
+            value = getattr(original, name, None) if original is not None and not name.startswith("__") else None
+            if value is None or isinstance(value, torch.Tensor):
+                raise
+            return value
+
     def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
         device, dtype = _frequency_placement(self.original)
         self.method = method
@@ -228,10 +241,17 @@ class RotarySite(Site):
     def spec(self, layer_type: str | None, method: FrequencyConfig | None, replace_scaling: bool) -> RotarySpec:
         """The base rotation of ``layer_type`` for ``method`` (``None``: the checkpoint's own rotation, kept)."""
         config, params = self.config, self.params(layer_type)
-        if method is not None:
-            self._check_existing_scaling(layer_type, params, replace_scaling)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        if params.get("rope_type") == "proportional" and dim < head_dim:
+            raise ValueError(
+                f"{self.family}: its {layer_type + ' ' if layer_type else ''}layers use proportional RoPE (rope type "
+                f"'proportional', partial_rotary_factor={params.get('partial_rotary_factor')}: a rotation over the "
+                f"whole head of {head_dim} dims whose last {(head_dim - dim) // 2} frequencies are zero), which "
+                "rope_ext does not patch yet"
+            )
+        if method is not None:
+            self._check_existing_scaling(layer_type, params, replace_scaling)
         # (a frequency method starts again from the unscaled rotation and its L; the checkpoint's own rotation keeps
         # the window it was extended to)
         native = self.original_length(layer_type) if method is not None else self.native_length(layer_type)

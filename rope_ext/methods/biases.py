@@ -107,6 +107,11 @@ class AlibiBias(nn.Module, KeyOnlyBias):
         slopes = self.slopes.to(device=q_pos.device, dtype=torch.float32)
         return -slopes[:, None, None] * distances(q_pos, k_pos)[None]  # [h, n, m]
 
+    def distance_slopes(self) -> torch.Tensor:
+        """``[h]`` float32: the bias is ``-slopes[h] |i - j|`` exactly (what a fused kernel computes from the distance
+        instead of reading a table; ``rope_ext.attention.flex``)."""
+        return self.slopes
+
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """For causal pairs ``-m (i - j) = m (j - c) - m (i - c)``: the key part ``m (j - c)`` -> ``[h, 1, m]``."""
         slopes = self.slopes.to(device=k_pos.device, dtype=torch.float32)
