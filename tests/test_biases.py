@@ -660,7 +660,8 @@ def test_a_bias_of_the_distance_runs_as_one_fused_call_equal_to_the_reference(fu
 @pytest.mark.parametrize("method", ["alibi", "alibi:factor=2"])
 def test_alibis_slopes_in_the_fused_call_give_its_table_exactly(fused_here, monkeypatch, method):
     """``-s_h (i - j)`` computed in the kernel is the table's float32 value at every distance: the logits are the
-    same bits either way (``flex.LINEAR`` off: the table)."""
+    same bits either way (``flex.LINEAR`` off: the table), uncompiled here (a compiled kernel may fuse the multiply
+    and subtract: one rounding less)."""
     from rope_ext.attention import flex
 
     model = tiny_model("llama")
@@ -676,19 +677,27 @@ def test_alibis_slopes_in_the_fused_call_give_its_table_exactly(fused_here, monk
 
 def test_a_failed_compile_sends_that_dtype_and_head_size_to_the_blockwise_path_with_one_warning(monkeypatch):
     """A compile that fails returns ``None`` (the caller's blockwise path runs) and is remembered for its dtype and
-    head size alone: another dtype still tries the fused call."""
+    head size and form alone: the table's form is still tried after the slopes' failed, each compiled once."""
     from rope_ext.attention import flex
 
+    compiles = []
+
     def broken(*args, **kwargs):
+        compiles.append(kwargs["score_mod"])
         raise RuntimeError("no valid triton configs")
 
     monkeypatch.setattr(flex, "FAILED", set())
     monkeypatch.setattr(flex, "_compiled", lambda: broken)
     q = torch.randn(1, 2, 5, 16)
     with pytest.warns(RuntimeWarning, match=r"failed here \(RuntimeError: no valid triton configs\); biases in "
-                                            r"float32 with head size 16 run on the blockwise path from now on"):
+                                            r"float32 with head size 16 \(read from slopes\) run another way "
+                                            r"from now on"):
         assert flex.distance_biased(q, q, q, 0.25, slopes=torch.ones(2)) is None
-    assert flex.FAILED == {(torch.float32, 16)}
+    assert flex.FAILED == {(torch.float32, 16, "slopes")}
+    assert flex.distance_biased(q, q, q, 0.25, slopes=torch.ones(2)) is None and len(compiles) == 1  # (remembered)
+    with pytest.warns(RuntimeWarning, match=r"\(read from a table\)"):  # (the table's form is still tried)
+        assert flex.distance_biased(q, q, q, 0.25, table=torch.zeros(2, 5)) is None
+    assert flex.FAILED == {(torch.float32, 16, "slopes"), (torch.float32, 16, "table")} and len(compiles) == 2
     with pytest.raises(ValueError, match="a bias table or slopes, one of the two"):
         flex.distance_biased(q, q, q, 0.25)
 

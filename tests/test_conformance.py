@@ -107,6 +107,10 @@ NATIVE = {
 }
 
 
+#: transformers' dynamic NTK (``dynamic``) at factor 4 over the tiny native context (its max_position_embeddings)
+DYNAMIC = {"rope_type": "dynamic", "factor": 4.0}
+
+
 def _native(model_type: str, model: torch.nn.Module, rope: dict | None = None, **options: float):
     """The same weights with transformers' own ``yarn`` rope type, factor 4 over the tiny native context (and
     ``options``: DeepSeek's mscale pair), or ``rope`` (``None`` where the type's config takes no such parameters)."""
@@ -176,6 +180,11 @@ def test_every_rope_causal_lm_of_transformers(model_type):
         if other is not None:
             with rope_ext.patched(model, spec):
                 torch.testing.assert_close(_logits(model, ids), _logits(other, ids), rtol=1e-5, atol=1e-5)
+    dynamic = _native(model_type, model, DYNAMIC) if native is not None else None
+    if dynamic is not None:  # (past the native context, where transformers' dynamic rope type rescales)
+        long = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(1))
+        with rope_ext.patched(model, "dynamic_ntk:factor=4"):
+            torch.testing.assert_close(_logits(model, long), _logits(dynamic, long), rtol=1e-5, atol=1e-5)
     attention = find_family(model).locate(model).get("attention")
     if native is not None and attention and attention[0].softmax_scale is not None:  # (DeepSeek's mscale_all_dim:
         mscales = {"mscale": 1.0, "mscale_all_dim": 1.0}  # the softmax scale follows the rope parameters)

@@ -163,13 +163,13 @@ class _Ops(_PathSpy):
 
     def check(self, dtype, biased: bool = False):
         """The path each dtype takes on CUDA: float32 on the memory-efficient op; bfloat16 on the flash op or cuDNN
-        (Ampere or later), else the efficient op (and every call with a bias, ``biased``, on the efficient op); never
-        the plain matmul fallback."""
+        (Ampere or later), else the efficient op (a call with a bias, ``biased``: on the fused flex call or the
+        efficient op; decode's one row on the matmul path of ``SingleQuery``); never the plain matmul fallback."""
         if not ON_CUDA:
             return
         seen = self.counts
         assert not seen.get("_matmul_attention"), seen
-        if biased:  # (a bias of the distance on the fused call, others and decode on the efficient op)
+        if biased:  # (a bias of the distance on the fused call, others on the efficient op)
             assert seen.get("_efficient_cuda", 0) + seen.get("distance_biased", 0) > 0, seen
         elif dtype == torch.float32 or torch.cuda.get_device_capability() < (8, 0):
             assert seen.get("_efficient_cuda", 0) > 0 and not seen.get("_flash_cuda") and not seen.get("_dense_cuda"), seen

@@ -12,11 +12,13 @@ call's dtype. Inference on rows at positions ``0..m-1`` only (the queries the la
 everything else keeps the blockwise path.
 
 A bias that is ``-s_h |i - j|`` exactly (ALiBi's: ``distance_slopes``) is computed from the distance in the kernel
-instead, ``score - slopes[h] (i - j)``: the same float32 values as the table's, with no gather from memory per score.
+instead, ``score - slopes[h] (i - j)``: the table's float32 product (the compiled kernel may fuse the multiply
+and subtract into one rounding), with no gather from memory per score.
 
 The first call compiles (seconds) for its shape; a call of another shape compiles once more, for every shape
 (``DYNAMIC``; the causal offset is a tensor). Where the
-compiled call fails, a warning says so and the blockwise path runs from then on for that dtype and head size.
+compiled call fails, a warning says so and the blockwise path runs from then on for that dtype, head size and
+form (slopes or table: a failed slopes form falls back to the table first).
 ``COMPILE = False`` runs the same function uncompiled (tests on the CPU: flex attention's own eager implementation,
 which writes out the scores).
 """
@@ -32,12 +34,14 @@ import torch
 COMPILE = True
 #: ``torch.compile``'s ``dynamic``: ``None`` compiles the first shape static and, once a shape changes, one kernel for
 #: every length (on an H200 at 16k, bf16: the whole model with ALiBi 1.53x SDPA static, 2.06x dynamic,
-#: ``docs/results/cuda/flex_configs.json``); ``True`` dynamic from the start; ``False`` one compile per shape
+#: ``docs/results/cuda/h200_second/run1/flex_configs.json``); ``True`` dynamic from the start; ``False`` one
+#: compile per shape
 DYNAMIC: bool | None = None
 #: a bias of the distance that is ``-s_h |i - j|`` (ALiBi) computed in the kernel (False: read from its table)
 LINEAR = True
-#: ``(dtype, head size)`` whose compiled call failed in this process (the blockwise path runs for them instead)
-FAILED: set[tuple[torch.dtype, int]] = set()
+#: ``(dtype, head size, form)`` whose compiled call failed in this process, form ``"slopes"`` or ``"table"`` (the
+#: blockwise path runs for them instead; on an H200 flex's default options compiled the one and not the other)
+FAILED: set[tuple[torch.dtype, int, str]] = set()
 #: flex attention's ``kernel_options``: with its defaults the default model's shape (bf16, head size 64) did not
 #: compile on an H200 (the kernel asked for 240 KiB of shared memory, the chip has 227); of the options tried there
 #: (``docs/results/cuda/flex_configs.json``) these compiled and ran fastest
@@ -47,8 +51,8 @@ KERNEL_OPTIONS: dict | None = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "n
 def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the fused call runs here: CUDA, no gradients, one head size (a power of two, 16 to 256) for queries,
     keys and values, half or single precision, torch's flex attention importable with Triton, and no compile of it
-    failed in this process for that dtype and head size."""
-    if q.device.type != "cuda" or (q.dtype, q.shape[-1]) in FAILED:
+    failed in this process for that dtype and head size in both forms."""
+    if q.device.type != "cuda" or {(q.dtype, q.shape[-1], form) for form in ("slopes", "table")} <= FAILED:
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
@@ -118,10 +122,12 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     """Causal attention of ``q [b, h, n, d]`` (the last ``n`` of the ``m`` keys) over ``k, v [b, hk, m, d]`` (GQA
     heads as they are) with ``table[h, i - j]`` (or ``-slopes[h] (i - j)``, one of the two given) added to each
     scaled score -> ``[b, h, n, d]`` in ``q``'s dtype; ``None`` where the compiled call fails here (then
-    ``available`` is false for the rest of the process at this dtype and head size: the caller's blockwise path
-    runs, after one warning)."""
+    this form returns ``None`` for the rest of the process at this dtype and head size, after one warning: the
+    caller's table form or blockwise path runs)."""
     if (table is None) == (slopes is None):
         raise ValueError("flex.distance_biased takes a bias table or slopes, one of the two")
+    if (q.dtype, q.shape[-1], "table" if slopes is None else "slopes") in FAILED:
+        return None
     block_mask, offset = _causal_mask(q.shape[2], k.shape[2], q.device)
 
     if slopes is not None:
@@ -139,9 +145,9 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1,
                            kernel_options=KERNEL_OPTIONS)
     except Exception as error:  # (torch.compile's errors have no common class)
-        FAILED.add((q.dtype, q.shape[-1]))
+        FAILED.add((q.dtype, q.shape[-1], "table" if slopes is None else "slopes"))
         warnings.warn(f"rope_ext: the fused bias attention (flex attention through torch.compile) failed here "
                       f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); biases in "
-                      f"{str(q.dtype).removeprefix('torch.')} with head size {q.shape[-1]} run on the blockwise path "
-                      "from now on", RuntimeWarning, stacklevel=2)
+                      f"{str(q.dtype).removeprefix('torch.')} with head size {q.shape[-1]} (read from "
+                      f"{'a table' if slopes is None else 'slopes'}) run another way from now on", RuntimeWarning, stacklevel=2)
         return None

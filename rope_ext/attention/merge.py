@@ -97,6 +97,11 @@ class Accumulator:
         self._lse[:, :, start:stop] = new_lse
 
 
+#: the most memory (bytes) a half-precision decode step with a bias on CUDA may take for float32 copies of one
+#: layer's keys and values on the one-row matmul path (``SingleQuery``); above it, the memory-efficient op
+SINGLE_QUERY_COPY_BYTES = 512 * 2**20
+
+
 class SingleQuery:
     """``Accumulator`` for one query per row over all the keys ``v [b, hk, m, d]`` of the call: each
     ``attend`` writes its scores (float32, float64 for float64) into ``scores [b, h, 1, m]`` at the keys it
@@ -112,12 +117,14 @@ class SingleQuery:
     def applies(q: torch.Tensor, k: torch.Tensor, biased: bool = False) -> bool:
         """One query, no gradients, and a dtype whose scores the flash op would not keep more exactly (a
         half-precision cache on CPU stays on the flash op: float32 copies of its keys cost more than they save).
-        With a bias (``biased``) on CUDA in half precision too: there the call with a bias is the memory-efficient
-        op, which runs one query row in as many blocks as rows and heads (0.9 ms a layer over 16k keys on an H200,
-        30 ms of device time a decode step of the default model against SDPA's 2.7)."""
+        With a bias (``biased``) on CUDA in half precision too, while the float32 copies of the keys and values
+        stay within ``SINGLE_QUERY_COPY_BYTES``: there the call with a bias is the memory-efficient op, which runs
+        one query row in as many blocks as rows and heads (0.9 ms a layer over 16k keys on an H200, 30 ms of device
+        time a decode step of the default model against SDPA's 2.7; 12 ms this way)."""
         cpu_or_cuda_flash = dispatch.use_cpu_flash(q, k) or dispatch.use_cuda_flash(q, k, k)
         exact_enough = q.dtype in (torch.float32, torch.float64) or not cpu_or_cuda_flash
-        exact_enough = exact_enough or (biased and q.device.type == "cuda")
+        copies = 2 * k.numel() * 4  # (bytes of float32 keys and values)
+        exact_enough = exact_enough or (biased and q.device.type == "cuda" and copies <= SINGLE_QUERY_COPY_BYTES)
         return q.shape[2] == 1 and not dispatch.needs_grad(q, k) and exact_enough
 
     def attend(self, a: int, b: int, q, k, v, scale: float, first_key: int, allowed=None, causal=False, bias=None) -> None:

@@ -17,10 +17,7 @@ program through another kernel (the plain reference, a benchmark's baseline) wit
 
 Positions: per row, the queries' positions come from ``position_ids`` when given (increasing, with jumps
 allowed: PoSE), else from the keys (``0..m-1`` after padding is removed). ``Call.row_groups`` resolves them once
-per call, compacting padded rows to their own tokens.
-
-Pure torch: nothing here imports transformers.
-"""
+per call, compacting padded rows to their own tokens. Pure torch: nothing here imports transformers."""
 
 from __future__ import annotations
 
@@ -113,9 +110,8 @@ class Bias(Term):
         """Whether the bias depends on the distance ``i - j`` alone (a term that does says so)."""
         return False
 
-    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:
-        """``[h]`` (float32, on ``device``) where the bias is ``-slopes[h] |i - j|`` exactly (ALiBi's), else ``None``."""
-        return None
+    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:  # (ALiBi's: [h], float32)
+        return None  # (where the bias is -slopes[h] |i - j| exactly, else None)
 
 
 class MethodTerm(Term):

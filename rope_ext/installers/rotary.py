@@ -24,10 +24,11 @@ import torch
 from torch import nn
 
 from rope_ext.installers.base import PlanBuilder, RopeExtModule, Site
+from rope_ext.installers.convention import frequency_placement, measured_layout
 from rope_ext.methods import FrequencyConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
-from rope_ext.methods.rope import LAYOUTS, rope_cos_sin
+from rope_ext.methods.rope import rope_cos_sin
 
 #: Keys of a rope_parameters dict that describe the base rotation, not its scaling.
 BASE_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -37,12 +38,6 @@ _STATIC_SCALINGS = ("linear", "yarn", "llama3")
 
 def _buffer_name(layer_type: str | None, name: str = "inv_freq") -> str:
     return name if layer_type is None else f"{layer_type}_{name}"
-
-
-def _frequency_placement(module: nn.Module) -> tuple[torch.device | None, torch.dtype]:
-    """Device and dtype in which ``module`` keeps its frequencies (its first floating-point buffer)."""
-    buffer = next((b for b in module.buffers() if b.is_floating_point()), None)
-    return (buffer.device, buffer.dtype) if buffer is not None else (None, torch.float32)
 
 
 class RopeExtRotaryEmbedding(RopeExtModule):
@@ -61,19 +56,22 @@ class RopeExtRotaryEmbedding(RopeExtModule):
 
     def __getattr__(self, name: str):
         """What the model reads off its rotary module besides calling it (Lfm3's ``layer_types``, HunYuan-VL's
-        ``mrope_section``) is the original's, where this module has no attribute of that name; never its tensors
-        (its frequencies are not this module's)."""
+        ``mrope_section``, ``None`` included) is the original's, where this module has no attribute of that name;
+        never its tensors (its frequencies are not this module's) nor its private attributes (accelerate's hooks
+        on the original are not this module's)."""
         try:
             return super().__getattr__(name)
         except AttributeError:
-            original = self._modules.get("original")
-            value = getattr(original, name, None) if original is not None and not name.startswith("__") else None
-            if value is None or isinstance(value, torch.Tensor):
+            original = self.__dict__.get("_modules", {}).get("original")
+            if original is None or name.startswith("_") or not hasattr(original, name):
+                raise
+            value = getattr(original, name)
+            if isinstance(value, torch.Tensor):
                 raise
             return value
 
     def set_frequency(self, method: FrequencyConfig, specs: dict[str | None, RotarySpec]) -> None:
-        device, dtype = _frequency_placement(self.original)
+        device, dtype = frequency_placement(self.original)
         self.method = method
         self.specs.update(specs)
         for layer_type, spec in specs.items():
@@ -103,7 +101,7 @@ class RopeExtRotaryEmbedding(RopeExtModule):
     def set_base(self, site: RotarySite, specs: dict[str | None, RotarySpec]) -> None:
         """Keep the checkpoint's own frequencies (its rope type's, from transformers' init function) for the
         attention hook, when no frequency method supplies new ones."""
-        device, dtype = _frequency_placement(self.original)
+        device, dtype = frequency_placement(self.original)
         for layer_type, spec in specs.items():
             self._keep_static(layer_type, *site._expected_inv_freq(layer_type, site.params(layer_type), spec, device), dtype)
 
@@ -243,11 +241,12 @@ class RotarySite(Site):
         config, params = self.config, self.params(layer_type)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        if params.get("rope_type") == "proportional" and dim < head_dim:
+        zeros = head_dim // 2 - int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)  # (transformers')
+        if params.get("rope_type") == "proportional" and zeros > 0:
             raise ValueError(
                 f"{self.family}: its {layer_type + ' ' if layer_type else ''}layers use proportional RoPE (rope type "
                 f"'proportional', partial_rotary_factor={params.get('partial_rotary_factor')}: a rotation over the "
-                f"whole head of {head_dim} dims whose last {(head_dim - dim) // 2} frequencies are zero), which "
+                f"whole head of {head_dim} dims whose last {zeros} frequencies are zero), which "
                 "rope_ext does not patch yet"
             )
         if method is not None:
@@ -274,7 +273,7 @@ class RotarySite(Site):
         if original < 2:
             raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")
         spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original)
-        return dataclasses.replace(spec, layout=self._check_convention(layer_type, params, spec))
+        return dataclasses.replace(spec, layout=measured_layout(self, layer_type, params, spec))
 
     def _check_existing_scaling(self, layer_type: str | None, params: dict[str, Any], replace: bool) -> None:
         rope_type = params.get("rope_type", "default")
@@ -297,74 +296,6 @@ class RotarySite(Site):
 
         kwargs = {"layer_type": layer_type} if layer_type is not None else {}
         return ROPE_INIT_FUNCTIONS[rope_type](self.config, device, **kwargs)
-
-    def _check_convention(self, layer_type: str | None, params: dict[str, Any], spec: RotarySpec) -> str:
-        """Run the original module on a few positions: its ``(cos, sin)`` must be standard RoPE with the frequencies
-        its rope type gives (transformers' own init function for that type), in one of the table layouts of
-        ``LAYOUTS`` (``rotate_half``'s, adjacent pairs, one entry a pair): the one it returns, which the patched
-        module keeps (frequency methods are layout-free; the attention rewrites are refused for another pair layout
-        by the family's probes).
-
-        This catches a family (or checkpoint) whose rotary module follows another convention, so it is
-        refused instead of silently mis-patched. The expected frequencies are rounded to the dtype the module
-        keeps them in (a model cast to bf16 after loading holds a bf16 ``inv_freq``), so the comparison is
-        exact up to float32 arithmetic, whatever the model's dtype. Positions stay inside the original
-        context, and the module's state is put back afterwards (dynamic rope types update it on a call).
-        """
-        module = self.module
-        if getattr(module, "mrope_section", None) is not None:  # (Qwen2-VL's and Qwen3.5's: 3 position streams)
-            raise ValueError(
-                f"{self.family}: the model's rotary embedding is multimodal RoPE (M-RoPE, mrope_section="
-                f"{list(module.mrope_section)}): its frequencies are split among three position streams (time, height, "
-                "width), which rope_ext's rotary does not take; rope_ext cannot patch this model's RoPE variant"
-            )
-        device, kept = _frequency_placement(module)
-        exact, attention_factor = self._expected_inv_freq(layer_type, params, spec, device)
-        inv_freq = exact.to(kept).float()
-        probe = torch.zeros(1, dtype=torch.float32, device=device)
-        stop = min(4096, spec.original_max_position_embeddings)
-        positions = torch.arange(0, stop, max(1, stop // 16), device=device)[None]  # [1, ~16]
-        state = _snapshot(module)
-        try:
-            returned = module(probe, positions) if layer_type is None else module(probe, positions, layer_type)
-        except (RuntimeError, ValueError, TypeError, IndexError) as error:  # (another call convention: M-RoPE's ids)
-            returned = error
-        finally:
-            _restore(module, state)
-        layouts = LAYOUTS
-        if torch.is_tensor(returned) and returned.is_complex():  # (Llama 4's and DeepSeek-V2's freqs_cis)
-            returned, layouts = (returned.real, returned.imag), ("complex",)
-        if not (isinstance(returned, tuple) and len(returned) == 2 and all(map(torch.is_tensor, returned))):
-            what = (f"raised {type(returned).__name__}: {str(returned).splitlines()[0][:120]}"
-                    if isinstance(returned, Exception) else f"returned a {type(returned).__name__}, not (cos, sin)")
-            raise ValueError(
-                f"{self.family}: the model's rotary embedding is not standard RoPE: called as transformers' shared "
-                f"rotary module is, with (x, position_ids), it {what}; rope_ext cannot patch this model's RoPE variant"
-            )
-        cos, sin = returned
-        tolerance = 1e-5  # exact up to float32 arithmetic: the expected frequencies carry the module's rounding
-        found = []
-        # (frequencies rounded to the dtype the module keeps them in; or in float32: a module that computes them
-        # from its config on every call, Phi-MoE's, gives those whatever its buffer's dtype)
-        candidates = [(layout, inv_freq, "") for layout in layouts]
-        if kept != torch.float32:
-            candidates += [(layout, exact.float(), " in float32") for layout in layouts]
-        for layout, inv_freq, held in candidates:
-            expected_cos, expected_sin = rope_cos_sin(positions, inv_freq, attention_factor, layout)
-            if cos.shape != expected_cos.shape:
-                found.append(f"{layout}{held}: shape {tuple(cos.shape)} against {tuple(expected_cos.shape)}")
-                continue
-            diff = max((cos.float() - expected_cos).abs().max().item(), (sin.float() - expected_sin).abs().max().item())
-            if diff <= tolerance:
-                return layout
-            found.append(f"{layout}{held}: max |diff| {diff:.3g}")
-        raise ValueError(
-            f"{self.family}: the model's rotary embedding is not standard RoPE with base={spec.base}, "
-            f"rotary dim={spec.dim} (rope type {params.get('rope_type', 'default')!r}): its cos/sin at positions "
-            f"0..{int(positions.max())} were compared with cat(freqs, freqs), its pairs interleaved and one entry a "
-            f"pair, using inv_freq held in {kept} ({'; '.join(found)}; tolerance {tolerance}); rope_ext cannot patch "
-            "this checkpoint's RoPE variant"
-        )
 
     def accepts(self, rope_type: str) -> bool:
         return self.native_rope_types is None or rope_type in self.native_rope_types
@@ -393,20 +324,3 @@ def _check_finite(method: FrequencyConfig, spec: RotarySpec, device) -> None:
                 f"outside (0, {MAX_ATTENTION_FACTOR:g}] (it scales the attention scores by its square), for "
                 f"base={spec.base}, dim={spec.dim}, L={spec.original_max_position_embeddings} ({method}); use smaller values"
             )
-
-
-def _snapshot(module: nn.Module) -> dict[str, Any]:
-    """The module's attributes, buffer table and buffer values (some rope types update buffers in place)."""
-    buffers = dict(module._buffers)
-    values = {k: v.clone() for k, v in buffers.items() if v is not None}
-    return {"attributes": dict(vars(module)), "buffers": buffers, "values": values}
-
-
-def _restore(module: nn.Module, state: dict[str, Any]) -> None:
-    module.__dict__.clear()
-    module.__dict__.update(state["attributes"])
-    module._buffers.clear()
-    module._buffers.update(state["buffers"])
-    for name, value in state["values"].items():
-        if not torch.equal(module._buffers[name], value):
-            module._buffers[name].copy_(value)
