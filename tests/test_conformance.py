@@ -337,5 +337,8 @@ def test_lfm3s_proportional_rope_is_refused_and_its_other_layers_patch():
         assert rotary.layer_types == rotary.original.layer_types and "layer_types" not in vars(rotary)
         with pytest.raises(AttributeError):  # (never the original's tensors: its frequencies are not the patch's)
             rotary.full_attention_original_inv_freq  # noqa: B018
+        rotary.original._hf_hook, rotary.original.mrope_section = object(), None  # (accelerate's; HunYuan-VL's)
+        assert not hasattr(rotary, "_hf_hook") and rotary.mrope_section is None
+        del rotary.original._hf_hook, rotary.original.mrope_section
         assert not torch.equal(_logits(model, ids), base)
     assert torch.equal(_logits(model, ids), base)
