@@ -22,7 +22,7 @@ from conformance import ORIGINAL, VOCAB, model_types, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
 import rope_ext
-from rope_ext.families import find_family
+from rope_ext.families import find_family, get_family
 
 #: types the tiny recipe cannot build yet -> words of the error (the recipe's gap, not rope_ext's)
 NOT_BUILT = {
@@ -50,10 +50,9 @@ NOT_BUILT = {
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
 NO_PADDED_BATCH = ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu")
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
-#: table row: M-RoPE, proportional p-RoPE)
+#: table row: proportional p-RoPE)
 FREQUENCY_REFUSED: dict[str, str] = {
     "lfm3": "its full_attention layers use proportional RoPE (rope type 'proportional', partial_rotary_factor=0.5",
-    "qwen3_5": "M-RoPE", "qwen3_5_moe": "M-RoPE", "qwen3_5_moe_text": "M-RoPE", "qwen3_5_text": "M-RoPE",
 }
 #: of those, the refusals a checkpoint's config decides (the family's listing keeps the method)
 CHECKPOINT_REFUSED = ("lfm3",)
@@ -244,13 +243,23 @@ def test_ministral3s_attention_temperature_keeps_what_it_reads_under_any_method(
     assert torch.equal(_logits(model, ids), base)
 
 
-def test_rope_ext_families_says_why_a_family_is_refused():
+def test_rope_ext_families_says_why_a_family_is_refused(monkeypatch):
+    """No RoPE family of transformers 5.23 is refused whole since Qwen3.5's M-RoPE takes the frequency methods (its
+    line lists them); a family whose rotary module is not standard RoPE is listed refused with the reason."""
     from rope_ext.families import listing
+    from rope_ext.families.rotary import NOT_STANDARD, RotaryFamily
 
     lines = listing()
     assert lines[0].startswith("family (model types)") and "(a family refused: why)" in lines[0]
-    qwen = next(line for line in lines if line.startswith("qwen3_5 "))
-    assert "refused: its rotary embedding is multimodal RoPE (M-RoPE" in qwen
+    qwen = next(line for line in lines if line.startswith("qwen3_5 (qwen3_5, qwen3_5_text)"))
+    assert "hooks: frequency; methods: dynamic_ntk, dynamic_yarn, llama3, longrope, ntk, ntk_by_parts, pi, yarn" in qwen
+    assert not any("refused" in line for line in lines[1:])
+    measured = RotaryFamily.rotary_refused
+    monkeypatch.setattr(get_family("qwen3_5"), "_refusals", {})  # (each family keeps its measured refusals)
+    monkeypatch.setattr(RotaryFamily, "rotary_refused",
+                        lambda self, t: NOT_STANDARD[2][1] if t.startswith("qwen3_5") else measured(self, t))
+    qwen = next(line for line in listing() if line.startswith("qwen3_5 "))  # (all its types alike: one line)
+    assert "refused: its rotary module is not standard RoPE (measured on one built from its default config" in qwen
 
 
 def test_a_model_whose_config_turns_rope_off_is_refused_saying_so():
@@ -341,4 +350,44 @@ def test_lfm3s_proportional_rope_is_refused_and_its_other_layers_patch():
         assert not hasattr(rotary, "_hf_hook") and rotary.mrope_section is None
         del rotary.original._hf_hook, rotary.original.mrope_section
         assert not torch.equal(_logits(model, ids), base)
+    assert torch.equal(_logits(model, ids), base)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_qwen35s_multimodal_rope_takes_frequency_methods_through_its_own_module(model_type, tmp_path):
+    """Qwen3.5's M-RoPE (frequencies split among three position streams by ``mrope_section``) patched with YaRN
+    through its own module: the logits equal transformers' own ``yarn`` on the same weights, on text and on
+    position ids whose three streams differ (an image's grid: each stream's frequencies keep their positions);
+    ``save_pretrained`` writes the native rope type with the sections kept, which plain transformers reloads to the
+    same logits. Attention methods and biases are refused naming M-RoPE, the model untouched."""
+    from transformers import AutoModelForCausalLM
+
+    sections = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                "mrope_section": [3, 3, 2], "mrope_interleaved": True}  # (8 frequencies of a 16-dim head)
+    model = tiny_model(model_type, rope_parameters=sections)
+    assert model.model.rotary_emb.mrope_section == [3, 3, 2] and model.model.rotary_emb.inv_freq.numel() == 8
+    ids = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(0))
+    n = ids.shape[1]
+    text = torch.arange(n)
+    grid = torch.stack([text, text, text // 3, text % 5])[:, None]  # (text, time, height, width) x [1, n]
+    base = _logits(model, ids)
+    native = _native(model_type, model)
+    assert native is not None and native.model.rotary_emb.mrope_section == model.model.rotary_emb.mrope_section
+    for spec in ("rerope:w=32", "alibi"):
+        with pytest.raises(ValueError, match=r"multimodal RoPE \(M-RoPE.*frequency methods patch it"):
+            rope_ext.patch(model, spec)
+        assert rope_ext.get_patch(model) is None and torch.equal(_logits(model, ids), base)
+    rope_ext.patch(model, "yarn:factor=4")
+    with torch.no_grad():
+        patched_grid = model(input_ids=ids, position_ids=grid).logits
+        torch.testing.assert_close(patched_grid, native(input_ids=ids, position_ids=grid).logits, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(patched_grid, model(input_ids=ids).logits, atol=1e-3)  # (the streams matter)
+    torch.testing.assert_close(_logits(model, ids), _logits(native, ids), rtol=1e-5, atol=1e-5)
+    model.save_pretrained(tmp_path)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    parameters = saved.config.rope_parameters
+    assert parameters["rope_type"] == "yarn" and parameters["factor"] == 4.0
+    assert parameters["mrope_section"] == [3, 3, 2] and parameters["mrope_interleaved"] is True
+    torch.testing.assert_close(_logits(saved, ids), _logits(native, ids), rtol=1e-5, atol=1e-5)
+    rope_ext.unpatch(model)
     assert torch.equal(_logits(model, ids), base)

@@ -44,7 +44,7 @@ NOT_STANDARD = (
     ("returned a Tensor", "its rotary module returns complex frequencies (freqs_cis), not (cos, sin): Llama 4's and "
                           "DeepSeek-V2's convention, which rope_ext's rotary does not take"),
     ("M-RoPE", "its rotary embedding is multimodal RoPE (M-RoPE: frequencies split among three position streams), "
-               "which rope_ext's rotary does not take"),
+               "which rope_ext's attention methods and biases do not take (frequency methods patch it)"),
     ("not standard RoPE", "its rotary module is not standard RoPE (measured on one built from its default config: "
                           "its cos/sin are not cat(freqs, freqs) at the config's base, e.g. interleaved pairs or "
                           "half-size tables), which rope_ext's rotary does not take"),
@@ -90,8 +90,9 @@ class RotaryFamily(FamilyAdapter):
         layout, a transform after rotating)."""
         found = super().refusals(model_type)
         rotary = self.rotary_refused(model_type)
-        if rotary is not None:  # (nothing of the family runs: every kind needs its rotary)
-            return Refusals({**found.sites, RotarySite.kind: rotary, AttentionSite.kind: rotary})
+        if rotary is not None:  # (nothing of the family runs: every kind needs its rotary; M-RoPE: frequency kinds do)
+            rotary_site = {} if rotary == NOT_STANDARD[1][1] else {RotarySite.kind: rotary}
+            return Refusals({**found.sites, **rotary_site, AttentionSite.kind: rotary})
         if AttentionSite.kind not in self.site_kinds:
             return found
         rotation = next(filter(None, map(rotation_refused, self.attention_classes)), None)

@@ -1,8 +1,17 @@
 """What a family's rotary module computes, measured: its ``(cos, sin)`` at a few positions against standard RoPE with
-the frequencies its rope type gives, in each table layout rope_ext knows (``RotarySite.spec`` keeps the one found)."""
+the frequencies its rope type gives, in each table layout rope_ext knows (``RotarySite.spec`` keeps the one found).
+
+Multimodal RoPE (M-RoPE: Qwen3.5's, ``mrope_section``) splits the frequencies among three position streams (time,
+height, width); on text the three are the same position and its tables are ``cat(freqs, freqs)``. A frequency method
+patches it through the module itself (layout ``MROPE``): the module called with the method's ``inv_freq`` and
+attention factor in place of its own (``called_with``), measured to read them, so that an image's grid positions
+keep their streams. Methods that rotate in attention, or replace the rotation, are refused for it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -18,7 +27,63 @@ def frequency_placement(module: nn.Module) -> tuple[torch.device | None, torch.d
     return (buffer.device, buffer.dtype) if buffer is not None else (None, torch.float32)
 
 
-def measured_layout(site, layer_type: str | None, params: dict[str, Any], spec: RotarySpec) -> str:
+#: the layout of a multimodal rotary module patched through itself (``called_with``)
+MROPE = "mrope"
+
+
+@contextlib.contextmanager
+def called_with(module: nn.Module, inv_freq: torch.Tensor, attention_factor) -> Iterator[nn.Module]:
+    """``module`` reading ``inv_freq`` and ``attention_factor`` in place of its own ``inv_freq`` buffer and
+    ``attention_scaling`` (its rope type read as ``default``, so that a dynamic type's update does not replace
+    them), put back on leaving."""
+    kept = module._buffers["inv_freq"], module.__dict__.get("attention_scaling"), module.__dict__.get("rope_type")
+    module._buffers["inv_freq"] = inv_freq
+    module.__dict__["attention_scaling"] = attention_factor
+    if kept[2] is not None:
+        module.__dict__["rope_type"] = "default"
+    try:
+        yield module
+    finally:
+        module._buffers["inv_freq"] = kept[0]
+        module.__dict__["attention_scaling"] = kept[1]
+        if kept[2] is not None:
+            module.__dict__["rope_type"] = kept[2]
+
+
+def _mrope_layout(site, layout: str, frequency: bool) -> str:
+    """``MROPE`` where a frequency method (``frequency``) can patch the multimodal rotary module through itself:
+    the module on text positions is standard RoPE (``layout``, measured with its own frequencies: ``cat``) and
+    reads a probe ``inv_freq`` and attention factor given in place of its own. Refused otherwise, and for every
+    other kind of method."""
+    module = site.module
+    words = (f"{site.family}: the model's rotary embedding is multimodal RoPE (M-RoPE, mrope_section="
+             f"{list(module.mrope_section)}): its frequencies are split among three position streams (time, height, "
+             "width)")
+    if not frequency:
+        raise ValueError(f"{words}, which rope_ext's attention methods and biases do not take (they rotate or place "
+                         "by one position stream); frequency methods (yarn, pi, ntk, ...) patch it")
+    if layout != "cat" or not isinstance(module._buffers.get("inv_freq"), torch.Tensor):
+        raise ValueError(f"{words}, and its tables on text are not cat(freqs, freqs) from an inv_freq buffer; "
+                         "rope_ext cannot patch this model's RoPE variant")
+    device, kept = frequency_placement(module)
+    probe = (module._buffers["inv_freq"].float() * 0.5).to(kept)
+    positions = torch.arange(0, 64, 4, device=device)[None]
+    state = _snapshot(module)
+    try:
+        with called_with(module, probe, 1.25):
+            cos, sin = module(torch.zeros(1, device=device), positions)
+    finally:
+        _restore(module, state)
+    expected_cos, expected_sin = rope_cos_sin(positions, probe.float(), 1.25, "cat")
+    if cos.shape != expected_cos.shape or not (torch.allclose(cos.float(), expected_cos, rtol=0, atol=1e-5)
+                                               and torch.allclose(sin.float(), expected_sin, rtol=0, atol=1e-5)):
+        raise ValueError(f"{words}, and it does not compute its tables from its inv_freq and attention_scaling "
+                         "(given other values, it returned others); rope_ext cannot patch this model's RoPE variant")
+    return MROPE
+
+
+def measured_layout(site, layer_type: str | None, params: dict[str, Any], spec: RotarySpec,
+                    frequency: bool = False) -> str:
     """Run the original module on a few positions: its ``(cos, sin)`` must be standard RoPE with the frequencies
     its rope type gives (transformers' own init function for that type), in one of the table layouts of
     ``LAYOUTS`` (``rotate_half``'s, adjacent pairs, one entry a pair): the one it returns, which the patched
@@ -26,18 +91,21 @@ def measured_layout(site, layer_type: str | None, params: dict[str, Any], spec: 
     by the family's probes).
 
     This catches a family (or checkpoint) whose rotary module follows another convention, so it is
-    refused instead of silently mis-patched. The expected frequencies are rounded to the dtype the module
+    refused instead of silently mis-patched. A multimodal one (``mrope_section``) gives ``MROPE`` for a
+    ``frequency`` method (``_mrope_layout``), a refusal for any other. The expected frequencies are rounded to the dtype the module
     keeps them in (a model cast to bf16 after loading holds a bf16 ``inv_freq``), so the comparison is
     exact up to float32 arithmetic, whatever the model's dtype. Positions stay inside the original
     context, and the module's state is put back afterwards (dynamic rope types update it on a call).
     """
+    layout = _standard_layout(site, layer_type, params, spec)
+    if getattr(site.module, "mrope_section", None) is not None:  # (Qwen2-VL's and Qwen3.5's: 3 position streams)
+        return _mrope_layout(site, layout, frequency)
+    return layout
+
+
+def _standard_layout(site, layer_type: str | None, params: dict[str, Any], spec: RotarySpec) -> str:
+    """The layout in which ``site``'s module returns standard RoPE (``measured_layout``), else refused."""
     module = site.module
-    if getattr(module, "mrope_section", None) is not None:  # (Qwen2-VL's and Qwen3.5's: 3 position streams)
-        raise ValueError(
-            f"{site.family}: the model's rotary embedding is multimodal RoPE (M-RoPE, mrope_section="
-            f"{list(module.mrope_section)}): its frequencies are split among three position streams (time, height, "
-            "width), which rope_ext's rotary does not take; rope_ext cannot patch this model's RoPE variant"
-        )
     device, kept = frequency_placement(module)
     exact, attention_factor = site._expected_inv_freq(layer_type, params, spec, device)
     inv_freq = exact.to(kept).float()

@@ -26,6 +26,8 @@ from rope_ext.methods import HOOK_FREQUENCY, FrequencyConfig, MethodConfig, Rota
 #: and, where the attention reads them beside the rotary (Ministral 3's attention temperature), ``llama_4_scaling_beta``
 #: and the original context it is taken over
 TEMPERATURE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings")
+#: keys of a multimodal rotary's sections (M-RoPE: Qwen3.5's), kept beside a method's own where present
+MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
 def _config_takes(config: Any, rope_parameters: Any, max_position_embeddings: int | None) -> bool:
@@ -129,7 +131,7 @@ class FrequencyInstaller(HookInstaller):
         rope_parameters = copy.deepcopy(config.rope_parameters)
         for layer_type, params in native.items():
             current = site.params(layer_type)
-            kept = (*BASE_KEYS, *TEMPERATURE_KEYS) if TEMPERATURE_KEYS[0] in current else BASE_KEYS
+            kept = (*BASE_KEYS, *MROPE_KEYS, *(TEMPERATURE_KEYS if TEMPERATURE_KEYS[0] in current else ()))
             merged = {key: current[key] for key in kept if key in current} | params
             if layer_type is None:
                 rope_parameters = merged

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rope_ext.installers.base import PlanBuilder, RopeExtModule, Site
-from rope_ext.installers.convention import frequency_placement, measured_layout
+from rope_ext.installers.convention import MROPE, called_with, frequency_placement, measured_layout
 from rope_ext.methods import FrequencyConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
@@ -132,6 +132,9 @@ class RopeExtRotaryEmbedding(RopeExtModule):
                 return torch.ones(shape, dtype=torch.complex64, device=x.device)
             return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
         inv_freq, attention_factor = self.frequencies(position_ids, layer_type, x.device)
+        if layout == MROPE:  # (its streams' positions and sections: the module's own, with these frequencies)
+            with called_with(self.original, inv_freq, attention_factor) as original:
+                return original(x, position_ids)
         cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor, layout)
         if layout == "complex":  # (one complex table, float32 as the module's own: cos + i sin)
             return torch.complex(cos, sin)
@@ -273,7 +276,7 @@ class RotarySite(Site):
         if original < 2:
             raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")
         spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original)
-        return dataclasses.replace(spec, layout=measured_layout(self, layer_type, params, spec))
+        return dataclasses.replace(spec, layout=measured_layout(self, layer_type, params, spec, method is not None))
 
     def _check_existing_scaling(self, layer_type: str | None, params: dict[str, Any], replace: bool) -> None:
         rope_type = params.get("rope_type", "default")
