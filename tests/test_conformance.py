@@ -50,12 +50,10 @@ NOT_BUILT = {
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
 NO_PADDED_BATCH = ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu")
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
-#: table row: proportional p-RoPE)
-FREQUENCY_REFUSED: dict[str, str] = {
-    "lfm3": "its full_attention layers use proportional RoPE (rope type 'proportional', partial_rotary_factor=0.5",
-}
+#: table row: a p-RoPE checkpoint without its original length)
+FREQUENCY_REFUSED: dict[str, str] = {}  # (none since M-RoPE and proportional RoPE take them)
 #: of those, the refusals a checkpoint's config decides (the family's listing keeps the method)
-CHECKPOINT_REFUSED = ("lfm3",)
+CHECKPOINT_REFUSED: tuple[str, ...] = ()
 #: types whose tiny model refuses the attention rewrites and biases its family's support lists -> the reason's words
 #: (what a checkpoint's layers allow: NoPE full layers beside sliding ones; every layer sliding)
 RULE_REFUSED: dict[str, str] = {
@@ -325,23 +323,49 @@ def test_a_bias_replaces_positions_only_on_the_layers_that_have_them():
         rope_ext.patch(tiny_model("afmoe"), "alibi")
 
 
-def test_lfm3s_proportional_rope_is_refused_and_its_other_layers_patch():
-    """Lfm3's full-attention layers rotate with proportional RoPE (``partial_rotary_factor`` 0.5 over the whole head,
-    the last frequencies zero): every method on them is refused in one line (ReRoPE crashed in the forward before,
-    rotating a quarter of the head it does not rotate), the model untouched. Its sliding layers' default RoPE
-    patches, and the model still reads its rotary module's ``layer_types`` through rope_ext's (it raised
-    AttributeError before)."""
+def test_lfm3s_proportional_rope_takes_every_kind_on_its_whole_head(tmp_path):
+    """Lfm3's full-attention layers rotate with proportional RoPE (transformers' ``proportional``: the whole head's
+    frequencies ``base ** (-2i / head_dim)``, the last zero past ``partial_rotary_factor``'s share; here 16 dims, 4
+    of 8 frequencies rotating). ReRoPE crashed in the forward before (it sized a quarter-head rotation): now every
+    kind patches the whole head with those frequencies zero. PI equals transformers' own ``proportional`` with the
+    factor, which ``save_pretrained`` writes and plain transformers reloads; YaRN's tables are transformers' own YaRN
+    of the whole head with the same frequencies zeroed (computed apart, by transformers' init function); ReRoPE with
+    a window covering the input is the unpatched model. The model reads its rotary module's ``layer_types`` through
+    rope_ext's (AttributeError before), never the original's tensors or private attributes."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     model = tiny_model("lfm3")
-    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(0))
     base = _logits(model, ids)
-    for spec, options in (("rerope:w=32", {}), ("yarn:factor=4", {"original_max_position_embeddings": ORIGINAL})):
-        with pytest.raises(ValueError, match=r"^lfm3: its full_attention layers use proportional RoPE \(rope type "
-                                             r"'proportional', partial_rotary_factor=0.5: a rotation over the whole "
-                                             r"head of 16 dims whose last 4 frequencies are zero\), which rope_ext "
-                                             r"does not patch yet$"):
-            rope_ext.patch(model, spec, **options)
-        assert rope_ext.get_patch(model) is None and torch.equal(_logits(model, ids), base)
-    with rope_ext.patched(model, "pi:factor=4", layer_types=["sliding_attention"]):
+    full = model.config.rope_parameters["full_attention"]
+    assert full["rope_type"] == "proportional" and full["partial_rotary_factor"] == 0.5 and model.config.head_dim == 16
+    native = _native("lfm3", model, {**full, "factor": 4.0})
+    with rope_ext.patched(model, "pi:factor=4"):  # (proportional at factor 1 is no scaling to replace)
+        torch.testing.assert_close(_logits(model, ids), _logits(native, ids), rtol=1e-5, atol=1e-5)
+        assert model.config.rope_parameters["full_attention"] == {**full, "factor": 4.0}
+        model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(_logits(reloaded, ids), _logits(native, ids), rtol=1e-5, atol=1e-5)
+    assert torch.equal(_logits(model, ids), base)
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+    whole = copy.deepcopy(model.config)
+    whole.rope_parameters = {**whole.rope_parameters, "full_attention": {"rope_theta": full["rope_theta"], **yarn}}
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](whole, None, layer_type="full_attention")
+    inv_freq[4:] = 0.0
+    positions = torch.arange(2 * ORIGINAL)[None]
+    angles = torch.cat([positions[..., None] * inv_freq] * 2, dim=-1)
+    with rope_ext.patched(model, "yarn:factor=4"):
+        cos, sin = model.model.rotary_emb(torch.zeros(1), positions, "full_attention")
+        torch.testing.assert_close(cos, angles.cos() * factor, rtol=0, atol=1e-6)
+        torch.testing.assert_close(sin, angles.sin() * factor, rtol=0, atol=1e-6)
+        assert not torch.equal(_logits(model, ids), base)
+
+    short = ids[:, :24]
+    with rope_ext.patched(model, "rerope:w=32"):  # (a window covering the input: exact positions)
+        torch.testing.assert_close(_logits(model, short), base[:, :24], rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(_logits(model, ids), base, atol=1e-3)
         rotary = model.model.rotary_emb
         assert rotary.layer_types == rotary.original.layer_types and "layer_types" not in vars(rotary)
         with pytest.raises(AttributeError):  # (never the original's tensors: its frequencies are not the patch's)
@@ -349,7 +373,6 @@ def test_lfm3s_proportional_rope_is_refused_and_its_other_layers_patch():
         rotary.original._hf_hook, rotary.original.mrope_section = object(), None  # (accelerate's; HunYuan-VL's)
         assert not hasattr(rotary, "_hf_hook") and rotary.mrope_section is None
         del rotary.original._hf_hook, rotary.original.mrope_section
-        assert not torch.equal(_logits(model, ids), base)
     assert torch.equal(_logits(model, ids), base)
 
 

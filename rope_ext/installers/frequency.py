@@ -30,6 +30,15 @@ TEMPERATURE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings")
 MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
+def _native(method: FrequencyConfig, spec, max_position_embeddings: int) -> dict | None:
+    """transformers' own rope parameters for ``method`` on ``spec`` (``None``: it has none). On proportional RoPE
+    (``spec.rotated``) only ``linear``'s division has one, transformers' ``proportional`` with that factor."""
+    native = method.native_rope_parameters(spec, max_position_embeddings)
+    if spec.rotated is None or native is None:
+        return native
+    return {"rope_type": "proportional", "factor": native["factor"]} if native["rope_type"] == "linear" else None
+
+
 def _config_takes(config: Any, rope_parameters: Any, max_position_embeddings: int | None) -> bool:
     """Whether ``config``'s class accepts these rope parameters (Phi-MoE's validates LongRoPE's fields whatever the
     rope type) beside the new ``max_position_embeddings``: tried on a copy."""
@@ -65,8 +74,7 @@ class FrequencyInstaller(HookInstaller):
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
             # transformers' own version of the method per layer type (None: it has none)
-            native = {lt: method.native_rope_parameters(spec, site.config.max_position_embeddings)
-                      for lt, spec in specs.items()}
+            native = {lt: _native(method, spec, site.config.max_position_embeddings) for lt, spec in specs.items()}
             self._softmax_scale_edits(builder, site, native)
             self._config_edits(builder, site, method, specs, native)
             # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)

@@ -88,6 +88,8 @@ class RopeExtRotaryEmbedding(RopeExtModule):
     def _keep_static(self, layer_type: str | None, inv_freq: torch.Tensor, attention_factor: float, dtype) -> None:
         # kept in the dtype the original keeps its own (a model cast to bf16 holds a bf16 inv_freq), so
         # casting before or after patching gives the same model, as it does for transformers' own scaling
+        spec = self.specs.get(layer_type)
+        inv_freq = inv_freq if spec is None else spec.kept(inv_freq)  # (proportional RoPE's last ones stay zero)
         self.register_buffer(_buffer_name(layer_type), inv_freq.to(dtype), persistent=False)  # [d/2]
         self.attention_scaling[layer_type] = attention_factor
 
@@ -114,7 +116,8 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             seq_len = position_ids.max() + 1  # a device tensor: no host sync
             names = self.constant_names[layer_type]
             constants = {name: getattr(self, _buffer_name(layer_type, name)) for name in names}
-            return self.method.frequencies(spec, seq_len, device=device, constants=constants)
+            inv_freq, attention_factor = self.method.frequencies(spec, seq_len, device=device, constants=constants)
+            return spec.kept(inv_freq), attention_factor
         return getattr(self, _buffer_name(layer_type)), self.attention_scaling[layer_type]
 
     @torch.no_grad()
@@ -146,6 +149,13 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         if self.identity:
             suffix += ", rotated in attention"
         return f"method={self.method.method if self.method else None}{suffix}"
+
+
+def _scaling(params: dict[str, Any]) -> str:
+    """The checkpoint's rope type as a scaling: ``default`` for proportional RoPE at factor 1 (a rotation, not a
+    scaling: Gemma 4's and Lfm3's checkpoints as trained)."""
+    rope_type = params.get("rope_type", "default")
+    return "default" if rope_type == "proportional" and params.get("factor", 1.0) == 1.0 else rope_type
 
 
 def nope_layer_types(config: Any) -> set[str]:
@@ -244,14 +254,10 @@ class RotarySite(Site):
         config, params = self.config, self.params(layer_type)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        zeros = head_dim // 2 - int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)  # (transformers')
-        if params.get("rope_type") == "proportional" and zeros > 0:
-            raise ValueError(
-                f"{self.family}: its {layer_type + ' ' if layer_type else ''}layers use proportional RoPE (rope type "
-                f"'proportional', partial_rotary_factor={params.get('partial_rotary_factor')}: a rotation over the "
-                f"whole head of {head_dim} dims whose last {zeros} frequencies are zero), which "
-                "rope_ext does not patch yet"
-            )
+        rotated = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)  # (transformers' count)
+        proportional = params.get("rope_type") == "proportional" and rotated < head_dim // 2
+        if proportional:  # (the whole head's frequencies, base ** (-2i / head_dim), the last ones zero)
+            dim = head_dim
         if method is not None:
             self._check_existing_scaling(layer_type, params, replace_scaling)
         # (a frequency method starts again from the unscaled rotation and its L; the checkpoint's own rotation keeps
@@ -263,7 +269,7 @@ class RotarySite(Site):
                 f"{self.family}: the model config gives no original context length "
                 "(max_position_embeddings); pass original_max_position_embeddings=..."
             )
-        rope_type = params.get("rope_type", "default")
+        rope_type = _scaling(params)
         stated = requested or self._states_original(params)
         if method is not None and rope_type not in ("default", "dynamic") and not stated:
             raise ValueError(
@@ -275,11 +281,12 @@ class RotarySite(Site):
         original = int(requested or native)
         if original < 2:
             raise ValueError(f"{self.family}: the config's original context length is {original}; it must be >= 2")
-        spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original)
+        spec = RotarySpec(base=float(params["rope_theta"]), dim=dim, original_max_position_embeddings=original,
+                          rotated=rotated if proportional else None)
         return dataclasses.replace(spec, layout=measured_layout(self, layer_type, params, spec, method is not None))
 
     def _check_existing_scaling(self, layer_type: str | None, params: dict[str, Any], replace: bool) -> None:
-        rope_type = params.get("rope_type", "default")
+        rope_type = _scaling(params)
         if rope_type == "default" or replace:
             return
         scaling = {k: v for k, v in params.items() if k not in BASE_KEYS and not isinstance(v, list)}

@@ -57,10 +57,19 @@ class RotarySpec:
     #: how the model's cos/sin tables lay the pairs out (``rope_ext.methods.rope.LAYOUTS``): ``"cat"``, transformers'
     #: shared ``rotate_half`` one; ``"interleave"``, adjacent pairs (Cohere); ``"half"``, one entry a pair (gpt-oss)
     layout: str = "cat"
+    #: proportional RoPE (transformers' ``proportional`` rope type, Gemma 4's and Lfm3's): the frequencies past the
+    #: first ``rotated`` are zero (a rotation over the whole head whose last pairs stay put); ``None``: all rotate
+    rotated: int | None = None
 
     @property
     def num_frequencies(self) -> int:
         return self.dim // 2
+
+    def kept(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """``inv_freq`` with the frequencies past ``rotated`` zero (as they are; a copy where it zeroes them)."""
+        if self.rotated is None:
+            return inv_freq
+        return torch.cat([inv_freq[: self.rotated], inv_freq.new_zeros(inv_freq.shape[-1] - self.rotated)])
 
 
 # --- pure formulas ---------------------------------------------------------------------------------
