@@ -41,6 +41,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "bamba": dict(attn_layer_indices=[1]),
     "gemma3n_text": dict(num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0], hidden_size_per_layer_input=8,
                          vocab_size_per_layer_input=VOCAB),
+    "dots3_note_text": dict(num_key_value_heads=4),  # (its architecture takes no grouped heads)
+    "gemma4_text": dict(global_head_dim=32, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope"),
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1], use_mem_rope=True),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
@@ -61,6 +63,8 @@ def _settable(config: Any, name: str) -> bool:
 
 
 def _shrunk(config: Any) -> dict[str, Any]:
+    if hasattr(type(config), "allow_global_per_layer_attribute_access") or "per_layer_config" in config.to_dict():
+        config.allow_global_per_layer_attribute_access = True  # (Gemma 4's: read the global sizes to shrink them)
     sizes = {**COMMON, **MOE}
     if getattr(config, "qk_rope_head_dim", None):  # (MLA: the rotary head is the rope part)
         sizes.update(MLA, head_dim=MLA["qk_rope_head_dim"], qk_head_dim=MLA["qk_rope_head_dim"] + MLA["qk_nope_head_dim"])
@@ -84,7 +88,8 @@ def tiny_config(model_type: str, **extra: Any) -> Any:
     config = AutoConfig.for_model(model_type)
     text = getattr(config, "text_config", None)
     if text is not None and text is not config:
-        kwargs = {"text_config": {**text.to_dict(), **_shrunk(text), **extra}}
+        own = {k: v for k, v in text.to_dict().items() if k != "per_layer_config"}  # (Gemma 4's: made anew)
+        kwargs = {"text_config": {**own, **_shrunk(text), **extra}}
         return AutoConfig.for_model(model_type, **kwargs)
     return AutoConfig.for_model(model_type, **{**_shrunk(config), **extra})
 

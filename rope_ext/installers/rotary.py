@@ -16,6 +16,7 @@ sliding-window layers by default) go to the original module, kept as ``.original
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -151,6 +152,16 @@ class RopeExtRotaryEmbedding(RopeExtModule):
         return f"method={self.method.method if self.method else None}{suffix}"
 
 
+def _head_dim(config: Any, layer_type: str | None) -> int:
+    """The head size of ``layer_type``'s layers: a per-layer config's for that type where the config has one
+    (Gemma 4's full-attention layers: ``global_head_dim``), else the config's."""
+    per_layer = getattr(config, "per_layer_config", None) if layer_type is not None else None
+    if per_layer is not None:
+        with contextlib.suppress(KeyError, IndexError, TypeError, ValueError):
+            config = per_layer[layer_type]
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _scaling(params: dict[str, Any]) -> str:
     """The checkpoint's rope type as a scaling: ``default`` for proportional RoPE at factor 1 (a rotation, not a
     scaling: Gemma 4's and Lfm3's checkpoints as trained)."""
@@ -252,7 +263,7 @@ class RotarySite(Site):
     def spec(self, layer_type: str | None, method: FrequencyConfig | None, replace_scaling: bool) -> RotarySpec:
         """The base rotation of ``layer_type`` for ``method`` (``None``: the checkpoint's own rotation, kept)."""
         config, params = self.config, self.params(layer_type)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = _head_dim(config, layer_type)
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         rotated = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)  # (transformers' count)
         proportional = params.get("rope_type") == "proportional" and rotated < head_dim // 2
