@@ -51,6 +51,11 @@ NOT_STANDARD = (
 )
 
 
+#: words of the attention classes of a modeling module that serve another modality (Gemma 4's audio and vision
+#: towers): a causal LM's text layers never run them, so they decide nothing of the family's support
+OTHER_MODALITIES = ("Audio", "Vision", "Speech", "Image")
+
+
 class RotaryFamily(FamilyAdapter):
     """A family whose rotary module is the class ``class_name`` of ``transformers.models.<module>``."""
 
@@ -73,7 +78,8 @@ class RotaryFamily(FamilyAdapter):
         """The attention classes of the family's modeling module (importing it: on first use only)."""
         modeling = importlib.import_module(self.module)
         return [c for _, c in inspect.getmembers(modeling, inspect.isclass)
-                if c.__module__ == modeling.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)]
+                if c.__module__ == modeling.__name__ and c.__name__.endswith("Attention") and issubclass(c, nn.Module)
+                and not any(word in c.__name__ for word in OTHER_MODALITIES)]
 
     @functools.cached_property
     def site_kinds(self) -> frozenset[str]:  # type: ignore[override]
