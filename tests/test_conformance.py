@@ -414,3 +414,18 @@ def test_qwen35s_multimodal_rope_takes_frequency_methods_through_its_own_module(
     torch.testing.assert_close(_logits(saved, ids), _logits(native, ids), rtol=1e-5, atol=1e-5)
     rope_ext.unpatch(model)
     assert torch.equal(_logits(model, ids), base)
+
+
+def test_attention_classes_of_other_modalities_do_not_decide_what_the_text_layers_take():
+    """Gemma 4's modeling module holds an audio attention that does not call transformers' attention interface; its
+    text layers' attention does. The family's support is read off the text classes alone (it took the frequency
+    methods only before): ALiBi patches a tiny Gemma 4 and unpatches exactly."""
+    model = tiny_model("gemma4_text")
+    family = find_family(model)
+    assert [c.__name__ for c in family.attention_classes] == ["Gemma4TextAttention"]
+    assert "bias" in family.support(model).kinds
+    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    base = _logits(model, ids)
+    with rope_ext.patched(model, "alibi"):
+        assert not torch.allclose(_logits(model, ids), base, atol=1e-3)
+    assert torch.equal(_logits(model, ids), base)
