@@ -424,7 +424,8 @@ def test_training_gradients_on_cuda_match_float64(method, options, dtype, small_
 
 #: found types whose tiny model ReRoPE moves by less than bf16's rounding, sharpened or not (on the CPU: the unpatched
 #: model's bf16 distance from the exact logits about half the bf16 reference's, with softmax scales x4, x8 and x32)
-BF16_BELOW_ROUNDING = ("flex_olmo", "hrm_text", "jetmoe", "modernbert-decoder", "phimoe")  # (phimoe: on an H200)
+BF16_BELOW_ROUNDING = ("flex_olmo", "gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text", "hrm_text",
+                       "jetmoe", "modernbert-decoder", "phimoe")  # (phimoe: on an H200; Gemma 4's bf16 noise 0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -129,9 +129,13 @@ def rotation_refused(cls: type) -> str | None:
         cos, sin = rope_cos_sin(positions[None], inv_freq, 1.0)
         try:
             rotated, _ = apply(q, q, cos, sin)
-            same = rotated.shape == q.shape and torch.allclose(rotated, rotate(q, positions, inv_freq, 1.0), atol=1e-6)
-        except Exception:  # noqa: BLE001  (a signature of its own: not the standard layout)
-            same = False
+        except Exception:  # noqa: BLE001  (one tensor a call: Gemma 4's apply(x, cos, sin, unsqueeze_dim))
+            try:
+                rotated = apply(q, cos, sin)
+            except Exception:  # noqa: BLE001  (a signature of its own: not the standard layout)
+                rotated = None
+        expected = rotate(q, positions, inv_freq, 1.0)
+        same = torch.is_tensor(rotated) and rotated.shape == q.shape and torch.allclose(rotated, expected, atol=1e-6)
         if not same:
             return (
                 "its attention applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
@@ -140,8 +144,7 @@ def rotation_refused(cls: type) -> str | None:
     source = _source(cls.forward)
     if source is None:
         return None
-    after = _after(source, "apply_rotary_pos_emb(")
-    if re.search(r"(query|key)_states\s*=\s*self\.\w+\((query|key)_states", after):
+    if any(_changed_after_rotation(source, name) for name in ("query", "key")):
         return (
             "its attention transforms queries and keys after rotating them (a norm after RoPE), so they cannot be "
             "rotated at attention time instead"
@@ -152,6 +155,16 @@ def rotation_refused(cls: type) -> str | None:
             "multi-head latent attention splits them), where rope_ext's attention-time rotation rotates the first"
         )
     return None
+
+
+def _changed_after_rotation(source: str, name: str) -> bool:
+    """Whether ``forward``'s source assigns ``{name}_states`` from a module call after rotating it: after the call of
+    ``apply_rotary_pos_emb`` that returns it (Gemma 4 rotates queries and keys in two calls, its key norm between
+    them), else after the first call."""
+    rotation = re.search(rf"{name}_states\s*(,\s*\w+\s*)?=\s*apply_rotary_pos_emb\("
+                         rf"|\w+\s*,\s*{name}_states\s*=\s*apply_rotary_pos_emb\(", source)
+    after = source[rotation.end():] if rotation else _after(source, "apply_rotary_pos_emb(")
+    return bool(re.search(rf"{name}_states\s*=\s*self\.\w+\({name}_states", after))
 
 
 #: the conditions under which a forward rotates that are read off each layer: ``applies_rope`` (SmolLM3, EXAONE 4),
