@@ -429,3 +429,17 @@ def test_attention_classes_of_other_modalities_do_not_decide_what_the_text_layer
     with rope_ext.patched(model, "alibi"):
         assert not torch.allclose(_logits(model, ids), base, atol=1e-3)
     assert torch.equal(_logits(model, ids), base)
+
+
+def test_a_bias_of_the_head_size_takes_each_layers_own():
+    """Sandwich's bias is built on the head size (``dim`` None: NeMo's choice); Gemma 4's full-attention layers have
+    heads of their own size (32 here against 16): each layer's bias takes its own (the first layer's for all, before)."""
+    model = tiny_model("gemma4_text")
+    sizes = [layer.self_attn.head_dim for layer in model.model.layers]
+    assert sizes == [16, 32]
+    from rope_ext.attention.program import Bias
+    from rope_ext.installers.attention import installed_programs
+
+    with rope_ext.patched(model, "sandwich"):
+        dims = [program.of_type(Bias)[0].fixed.dim for _, program in installed_programs(model)]
+    assert dims == sizes

@@ -136,18 +136,22 @@ class BiasInstaller(HookInstaller):
         heads = getattr(config, "num_attention_heads", None)
         if not isinstance(heads, int) or heads < 1:
             raise ValueError(f"{method.method}: {setup.site.family}: the model config gives no num_attention_heads")
-        module = setup.programs[0][0].module
-        head_dim = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
-        if not head_dim and getattr(config, "hidden_size", None):
-            head_dim = config.hidden_size // heads
+        def head_dim(module: nn.Module) -> int | None:  # (each layer's own: Gemma 4's full layers have larger heads)
+            size = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
+            return size or (config.hidden_size // heads if getattr(config, "hidden_size", None) else None)
+
         layers = [(layer, program) for layer, program in setup.programs if layer.rotary]
         if method.learnable:
-            modules = [method.module(heads, i, head_dim) for i in range(len(layers))]
+            modules = [method.module(heads, i, head_dim(layer.module)) for i, (layer, _) in enumerate(layers)]
             owned = own(builder, method.method, PerLayer(modules))
             terms = [PositionBias(method, owned=owned, index=i) for i in range(len(layers))]
-        else:
-            fixed = method.module(heads, 0, head_dim)
-            terms = [PositionBias(method, fixed=fixed) for _ in layers]
+        else:  # (one fixed module per head size)
+            fixed: dict[int | None, nn.Module] = {}
+            for layer, _ in layers:
+                size = head_dim(layer.module)
+                if size not in fixed:
+                    fixed[size] = method.module(heads, 0, size)
+            terms = [PositionBias(method, fixed=fixed[head_dim(layer.module)]) for layer, _ in layers]
         for (_, program), term in zip(layers, terms):
             program.add(term)
 
