@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 
 import rope_ext
 from rope_ext.families import find_family, get_family
+from rope_ext.installers.rotary import RopeExtRotaryEmbedding
 
 #: types the tiny recipe cannot build yet -> words of the error (the recipe's gap, not rope_ext's)
 NOT_BUILT = {
@@ -104,6 +105,13 @@ NATIVE = {
 DYNAMIC = {"rope_type": "dynamic", "factor": 4.0}
 
 
+def _longrope(half: int) -> dict:
+    """transformers' ``longrope`` at factor 4 over the tiny native context: long factors 1..4 over the ``half``
+    frequencies, short ones 1."""
+    return {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+            "long_factor": [1.0 + 3.0 * i / max(1, half - 1) for i in range(half)], "short_factor": [1.0] * half}
+
+
 def _native(model_type: str, model: torch.nn.Module, rope: dict | None = None, **options: float):
     """The same weights with transformers' own ``yarn`` rope type, factor 4 over the tiny native context (and
     ``options``: DeepSeek's mscale pair), or ``rope`` (``None`` where the type's config takes no such parameters)."""
@@ -157,6 +165,8 @@ def test_every_rope_causal_lm_of_transformers(model_type):
     assert model_type not in FREQUENCY_REFUSED, f"{model_type} takes yarn now: take it out of FREQUENCY_REFUSED"
     assert support.fits("yarn")
     patched = _logits(model, ids)
+    half = next(m for m in model.modules() if isinstance(m, RopeExtRotaryEmbedding)).specs
+    half = next(iter(half.values())).num_frequencies  # (the rotary frequencies of a patched layer type)
     # cached decoding: the prefix, then its last token on the cache, is the full forward, as close as the unpatched
     # model's own cache is to its full forward (a recurrent layer's cached path rounds otherwise: Bamba's)
     assert _cache_distance(model, ids, patched) <= 2 * own_cache + 1e-5
@@ -173,11 +183,16 @@ def test_every_rope_causal_lm_of_transformers(model_type):
         if other is not None:
             with rope_ext.patched(model, spec):
                 torch.testing.assert_close(_logits(model, ids), _logits(other, ids), rtol=1e-5, atol=1e-5)
+    long = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(1))
     dynamic = _native(model_type, model, DYNAMIC) if native is not None else None
     if dynamic is not None:  # (past the native context, where transformers' dynamic rope type rescales)
-        long = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(1))
         with rope_ext.patched(model, "dynamic_ntk:factor=4"):
             torch.testing.assert_close(_logits(model, long), _logits(dynamic, long), rtol=1e-5, atol=1e-5)
+    longrope = _native(model_type, model, _longrope(half)) if native is not None else None
+    if longrope is not None:  # (its short factors within the native context, its long ones past it)
+        with rope_ext.patched(model, "longrope:factor=4", long_factor=_longrope(half)["long_factor"]):
+            for x in (ids, long):
+                torch.testing.assert_close(_logits(model, x), _logits(longrope, x), rtol=1e-5, atol=1e-5)
     attention = find_family(model).locate(model).get("attention")
     if native is not None and attention and attention[0].softmax_scale is not None:  # (DeepSeek's mscale_all_dim:
         mscales = {"mscale": 1.0, "mscale_all_dim": 1.0}  # the softmax scale follows the rope parameters)
