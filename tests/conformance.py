@@ -41,9 +41,13 @@ RECIPES: dict[str, dict[str, Any]] = {
     "bamba": dict(attn_layer_indices=[1]),
     "gemma3n_text": dict(num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0], hidden_size_per_layer_input=8,
                          vocab_size_per_layer_input=VOCAB),
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=ORIGINAL,  # (its own size names; its attention
+                 attn_config=dict(kv_n_heads=2, rope_theta=1e4, clip_qkv=8.0),  # config has no default theta)
+                 ffn_config=dict(ffn_hidden_size=96, moe_num_experts=4, moe_top_k=2)),
     "dots3_note_text": dict(num_key_value_heads=4),  # (its architecture takes no grouped heads)
     "gemma4_text": dict(global_head_dim=32, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope"),
+    "zaya": dict(num_experts_per_tok=1),  # (the one routing it takes)
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1], use_mem_rope=True),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
     "mimo_v2_flash": dict(head_dim=24),  # (its partial rotary factor, 1/3, of 16 dims is an odd 5)

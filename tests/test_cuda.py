@@ -436,10 +436,12 @@ def test_every_found_family_that_takes_attention_rewrites_runs_them_on_cuda(mode
     rotary part, hybrids' attention layers) on CUDA in ``dtype``: the fast path within twice the reference's own
     distance from the exact logits (the plain reference on a float64 copy), a bound the unpatched model lies beyond,
     and never the reference inside the fast path. Which CUDA ops ran is recorded (``record_property``)."""
-    from test_conformance import CHECKPOINT_REFUSED, NOT_BUILT, RULE_REFUSED, _existing_scaling
+    from test_conformance import CHECKPOINT_REFUSED, NOT_BUILT, POSITION_FREE, RULE_REFUSED, _existing_scaling
 
     if model_type in NOT_BUILT or model_type in RULE_REFUSED or model_type in CHECKPOINT_REFUSED:
         pytest.skip(f"{model_type}: not built here, or the checkpoint refuses rewrites (tests/test_conformance.py)")
+    if model_type in POSITION_FREE:
+        pytest.skip(f"{model_type}: its tiny model's logits do not depend on positions (tests/test_conformance.py)")
     if dtype == torch.bfloat16 and model_type in BF16_BELOW_ROUNDING:
         pytest.skip(f"{model_type}: ReRoPE moves this tiny model's logits less than bf16 rounds them (float32 runs)")
     model = conformance.tiny_model(model_type)
