@@ -22,7 +22,9 @@ from conformance import ORIGINAL, VOCAB, model_types, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
 import rope_ext
+from rope_ext.attention.program import QueryScale
 from rope_ext.families import find_family, get_family
+from rope_ext.installers.attention import installed_programs
 from rope_ext.installers.rotary import RopeExtRotaryEmbedding
 
 #: types the tiny recipe cannot build yet -> words of the error (the recipe's gap, not rope_ext's)
@@ -458,8 +460,26 @@ def test_a_bias_of_the_head_size_takes_each_layers_own():
     sizes = [layer.self_attn.head_dim for layer in model.model.layers]
     assert sizes == [16, 32]
     from rope_ext.attention.program import Bias
-    from rope_ext.installers.attention import installed_programs
 
     with rope_ext.patched(model, "sandwich"):
         dims = [program.of_type(Bias)[0].fixed.dim for _, program in installed_programs(model)]
     assert dims == sizes
+
+
+def test_a_query_scale_skips_sliding_window_layers_and_refuses_layer_types_it_does_not_read():
+    """Temperature on every layer (``layers=all``, its default) took Gemma 4's sliding-window layers too, and cached
+    generation failed once the cache passed the window (a trial found it; Gemma 3 and Lfm3 alike): full-attention
+    layers only now, and greedy decoding with the cache equals decoding without it. ``layer_types`` beside
+    ``layers=all`` was accepted and ignored: refused in one line."""
+    model = tiny_model("gemma4_text")
+    prompt = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"^temperature: layer_types chooses the rotary layers of layers=rope; "
+                                         r"layers=all takes its layers itself: leave layer_types out, or give layers=rope$"):
+        rope_ext.patch(model, "temperature", layer_types=["full_attention"])
+    assert rope_ext.get_patch(model) is None
+    with rope_ext.patched(model, "temperature"), torch.no_grad():
+        scaled = [module.layer_type for module, program in installed_programs(model) if program.of_type(QueryScale)]
+        assert scaled == ["full_attention"]
+        cached = model.generate(prompt, max_new_tokens=40, do_sample=False)  # (past the tiny window of 32)
+        full = model.generate(prompt, max_new_tokens=40, do_sample=False, use_cache=False)
+    assert torch.equal(cached, full)

@@ -77,6 +77,9 @@ class QueryScaleInstaller(HookInstaller):
         assert isinstance(method, (LogNConfig, TemperatureConfig))
         setup = program_setup(builder, method.method)
         rotary_site = builder.sites.get(RotarySite.kind)[0]
+        if builder.option("layer_types") is not None and method.layers != "rope":  # (refused, not ignored)
+            raise ValueError(f"{method.method}: layer_types chooses the rotary layers of layers=rope; layers="
+                             f"{method.layers} takes its layers itself: leave layer_types out, or give layers=rope")
         chosen = rotary_site.layer_types(builder.option("layer_types"))
         layers = [layer for layer, _ in setup.programs]
         if method.layers == "rope":
@@ -84,7 +87,9 @@ class QueryScaleInstaller(HookInstaller):
         rotary = rotary_site.replacement(builder) if HOOK_FREQUENCY in builder.kinds else None
         scaled = 0
         for layer, program in setup.programs:
-            if method.layers == "rope" and (not layer.rotary or layer.sliding_window is not None):
+            if layer.sliding_window is not None:  # (full-attention layers only: a sliding cache drops its keys)
+                continue
+            if method.layers == "rope" and not layer.rotary:
                 continue
             if method.layers == "nope" and layer.rotary:
                 continue

@@ -68,7 +68,8 @@ class TemperatureConfig(MethodConfig):
         meaning="``F``, the positions per step; None: ``L`` (the rotation's original context; Llama 4's is 8192)")
     layers: str = option(
         "all", one_of("all", "nope", "rope"),
-        meaning="the layers that take it: all, nope (those without positions: Llama 4's) or rope (those with them)")
+        meaning="the full-attention layers that take it: all, nope (those without positions: Llama 4's) or rope "
+                "(those with them); sliding-window layers never do")
 
     def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
         """``1 + s ln(floor((i + 1) / F) + 1)`` at query positions ``i`` (float64)."""
