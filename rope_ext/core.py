@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -117,6 +118,9 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"{', '.join(site_options)}"
         ) from None
     _check_hooks(support, [(config.method, config.hook) for config in configs])
+    if given.get("replace_scaling") and not any(config.hook == "frequency" for config in configs):  # (said, kept)
+        warnings.warn(f"rope_ext: replace_scaling has no effect on {'+'.join(c.method for c in configs)}: only a "
+                      "frequency method replaces the checkpoint's own RoPE scaling", UserWarning, stacklevel=2)
 
     builder = PlanBuilder(sites, site_options | given, frozenset(config.hook for config in configs))
     builder.install(configs)

@@ -212,7 +212,7 @@ def test_every_rope_causal_lm_of_transformers(model_type):
         if kind not in support.kinds:
             continue
         try:
-            with rope_ext.patched(model, spec, **options):
+            with rope_ext.patched(model, spec):  # (the checkpoint's scaling kept: none of them replaces it)
                 logits = _logits(model, ids)
         except ValueError as error:
             assert "\n" not in str(error) and RULE_REFUSED.get(model_type, "\n") in str(error), error
@@ -483,3 +483,25 @@ def test_a_query_scale_skips_sliding_window_layers_and_refuses_layer_types_it_do
         cached = model.generate(prompt, max_new_tokens=40, do_sample=False)  # (past the tiny window of 32)
         full = model.generate(prompt, max_new_tokens=40, do_sample=False, use_cache=False)
     assert torch.equal(cached, full)
+
+
+def test_replace_scaling_on_a_method_without_a_frequency_part_is_said_not_ignored():
+    """``replace_scaling`` only lets a frequency method replace a checkpoint's scaling; given to DCA or ALiBi it did
+    nothing, silently (a trial): now a warning says so, and the patch is as without it. An evaluation's
+    ``--replace-scaling`` beside a list of methods reaches the frequency methods alone (no warning for the others)."""
+    import warnings
+
+    from rope_ext.runs.saved import with_method
+
+    model = tiny_model("llama")
+    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    for spec in ("dca", "alibi"):
+        with rope_ext.patched(model, spec):
+            plain = _logits(model, ids)
+        with pytest.warns(UserWarning, match=rf"^rope_ext: replace_scaling has no effect on {spec}: only a frequency "
+                                             "method replaces the checkpoint's own RoPE scaling$"):
+            with rope_ext.patched(model, spec, replace_scaling=True):
+                assert torch.equal(_logits(model, ids), plain)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with_method(model, rope_ext.methods.make_configs(spec), lambda: None, {"replace_scaling": True})

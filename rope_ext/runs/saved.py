@@ -71,6 +71,8 @@ def with_method(
     saved."""
     if not configs:
         return work()
+    if not any(config.hook == "frequency" for config in configs):  # (--replace-scaling is for the frequency methods)
+        site_options = {k: v for k, v in (site_options or {}).items() if k != "replace_scaling"}
     if not isinstance(configs, SavedPatch) or not vars(model).get(_SAVED_STATE):
         with patched(model, list(configs), **(site_options or {})):
             return work()
