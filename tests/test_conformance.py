@@ -505,3 +505,29 @@ def test_replace_scaling_on_a_method_without_a_frequency_part_is_said_not_ignore
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             with_method(model, rope_ext.methods.make_configs(spec), lambda: None, {"replace_scaling": True})
+
+
+def test_qwen35s_rotary_patched_through_itself_under_accelerates_hooks(tmp_path):
+    """Qwen3.5's M-RoPE is patched by calling its own module with the method's frequencies swapped in; loaded with
+    ``device_map`` (accelerate's hooks on that module, offloaded to disk, and on a layer): the patched model gives
+    the plain patched model's logits, generates, and unpatches bit-exactly."""
+    from transformers import AutoModelForCausalLM
+
+    plain = tiny_model("qwen3_5_text")
+    plain.save_pretrained(tmp_path / "model")
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "disk", "model.layers.0": "cpu",
+                  "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=device_map,
+                                                 offload_folder=tmp_path / "offload").eval()
+    assert hasattr(model.model.rotary_emb, "_hf_hook")
+    ids = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+        rope_ext.patch(model, "yarn:factor=4")
+        rope_ext.patch(plain, "yarn:factor=4")
+        patched = model(ids).logits
+        assert not torch.allclose(patched, before, atol=1e-3)
+        torch.testing.assert_close(patched, plain(ids).logits, rtol=1e-5, atol=1e-5)
+        assert model.generate(ids[:, :20], max_new_tokens=4, do_sample=False).shape == (1, 24)
+        rope_ext.unpatch(model)
+        assert torch.equal(model(ids).logits, before)
