@@ -531,3 +531,21 @@ def test_qwen35s_rotary_patched_through_itself_under_accelerates_hooks(tmp_path)
         assert model.generate(ids[:, :20], max_new_tokens=4, do_sample=False).shape == (1, 24)
         rope_ext.unpatch(model)
         assert torch.equal(model(ids).logits, before)
+
+
+@pytest.mark.parametrize("spec", ["yarn:factor=4", "dynamic_ntk:factor=4"])
+def test_qwen35s_rotary_patched_through_itself_compiles_into_one_graph(spec):
+    """The frequencies swapped into Qwen3.5's own M-RoPE module for the call (``called_with``) keep
+    ``torch.compile(fullgraph=True)`` to one graph, on text positions and on three streams, inside and beyond the
+    native context (a dynamic method's frequencies follow the length), equal to the uncompiled module."""
+    model = tiny_model("qwen3_5_text")
+    rope_ext.patch(model, spec)
+    rotary = model.model.rotary_emb
+    compiled = torch.compile(rotary, fullgraph=True, backend="eager", dynamic=False)
+    x = torch.zeros(1, 4, 64)
+    for length in (ORIGINAL // 2, 2 * ORIGINAL):
+        text = torch.arange(length)[None]
+        for positions in (text, torch.stack([text, text // 2, text % 5])):
+            for got, expected in zip(compiled(x, positions), rotary(x, positions)):
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch._dynamo.reset()
