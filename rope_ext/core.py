@@ -21,7 +21,7 @@ from torch import nn
 from rope_ext.installers.attention import installed_programs
 from rope_ext.installers.base import PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
 from rope_ext.installers.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
-from rope_ext.methods import MethodConfig, make_configs
+from rope_ext.methods import HOOK_FREQUENCY, MethodConfig, make_configs
 from rope_ext.methods.base import get_method_class
 from rope_ext.methods.spec import parse_spec, split_spec
 from rope_ext.families import CONFIG_KEY, Support, find_family
@@ -118,7 +118,7 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"{', '.join(site_options)}"
         ) from None
     _check_hooks(support, [(config.method, config.hook) for config in configs])
-    if given.get("replace_scaling") and not any(config.hook == "frequency" for config in configs):  # (said, kept)
+    if given.get("replace_scaling") and not any(config.hook == HOOK_FREQUENCY for config in configs):  # (said)
         warnings.warn(f"rope_ext: replace_scaling has no effect on {'+'.join(c.method for c in configs)}: only a "
                       "frequency method replaces the checkpoint's own RoPE scaling", UserWarning, stacklevel=2)
 

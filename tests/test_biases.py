@@ -618,9 +618,11 @@ def fused_here(monkeypatch):
     calls = []
     original = flex.distance_biased
     monkeypatch.setattr(flex, "FAILED", set())
-    monkeypatch.setattr(flex, "distance_biased",
-                        lambda *args: calls.append((args[0].shape, "slopes" if args[5] is not None else "table"))
-                        or original(*args))
+    def counted(q, k, v, scale, table=None, slopes=None):
+        calls.append((q.shape, "slopes" if slopes is not None else "table"))
+        return original(q, k, v, scale, table, slopes)
+
+    monkeypatch.setattr(flex, "distance_biased", counted)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention.*")
         yield calls

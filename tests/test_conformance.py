@@ -19,6 +19,7 @@ import copy
 import pytest
 import torch
 from conformance import ORIGINAL, VOCAB, model_types, tiny_config, tiny_model
+from tiny import patched_dispatched
 from transformers import AutoModelForCausalLM
 
 import rope_ext
@@ -455,7 +456,8 @@ def test_attention_classes_of_other_modalities_do_not_decide_what_the_text_layer
 
 def test_a_bias_of_the_head_size_takes_each_layers_own():
     """Sandwich's bias is built on the head size (``dim`` None: NeMo's choice); Gemma 4's full-attention layers have
-    heads of their own size (32 here against 16): each layer's bias takes its own (the first layer's for all, before)."""
+    heads of their own size (32 here against 16): each layer's bias takes its own (the first layer's for all,
+    before)."""
     model = tiny_model("gemma4_text")
     sizes = [layer.self_attn.head_dim for layer in model.model.layers]
     assert sizes == [16, 32]
@@ -474,7 +476,8 @@ def test_a_query_scale_skips_sliding_window_layers_and_refuses_layer_types_it_do
     model = tiny_model("gemma4_text")
     prompt = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=r"^temperature: layer_types chooses the rotary layers of layers=rope; "
-                                         r"layers=all takes its layers itself: leave layer_types out, or give layers=rope$"):
+                                         r"layers=all takes its layers itself: leave layer_types out, or give "
+                                         r"layers=rope$"):
         rope_ext.patch(model, "temperature", layer_types=["full_attention"])
     assert rope_ext.get_patch(model) is None
     with rope_ext.patched(model, "temperature"), torch.no_grad():
@@ -511,26 +514,11 @@ def test_qwen35s_rotary_patched_through_itself_under_accelerates_hooks(tmp_path)
     """Qwen3.5's M-RoPE is patched by calling its own module with the method's frequencies swapped in; loaded with
     ``device_map`` (accelerate's hooks on that module, offloaded to disk, and on a layer): the patched model gives
     the plain patched model's logits, generates, and unpatches bit-exactly."""
-    from transformers import AutoModelForCausalLM
-
-    plain = tiny_model("qwen3_5_text")
-    plain.save_pretrained(tmp_path / "model")
-    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "disk", "model.layers.0": "cpu",
-                  "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "cpu"}
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=device_map,
-                                                 offload_folder=tmp_path / "offload").eval()
-    assert hasattr(model.model.rotary_emb, "_hf_hook")
     ids = torch.randint(3, VOCAB, (1, 2 * ORIGINAL + 8), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        before = model(ids).logits
-        rope_ext.patch(model, "yarn:factor=4")
-        rope_ext.patch(plain, "yarn:factor=4")
-        patched = model(ids).logits
-        assert not torch.allclose(patched, before, atol=1e-3)
-        torch.testing.assert_close(patched, plain(ids).logits, rtol=1e-5, atol=1e-5)
-        assert model.generate(ids[:, :20], max_new_tokens=4, do_sample=False).shape == (1, 24)
-        rope_ext.unpatch(model)
-        assert torch.equal(model(ids).logits, before)
+    model, before, patched = patched_dispatched(tiny_model("qwen3_5_text"), tmp_path, "yarn:factor=4", ids,
+                                                rotary="disk")
+    assert hasattr(model.model.rotary_emb, "_hf_hook")
+    assert not torch.allclose(patched, before, atol=1e-3)
 
 
 @pytest.mark.parametrize("spec", ["yarn:factor=4", "dynamic_ntk:factor=4"])

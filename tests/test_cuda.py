@@ -154,7 +154,7 @@ class _Ops(_PathSpy):
         for name in ("_efficient_cuda", "_flash_cuda", "_dense_cuda", "_matmul_attention"):
             monkeypatch.setattr(dispatch, name, self._counting(name, getattr(dispatch, name)))
         fused = flex.distance_biased  # (a bias of the distance: one compiled flex-attention call; None if it failed)
-        monkeypatch.setattr(flex, "distance_biased", lambda *args: self._fused(fused(*args)))
+        monkeypatch.setattr(flex, "distance_biased", lambda *args, **kwargs: self._fused(fused(*args, **kwargs)))
 
     def _fused(self, out):
         if out is not None:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from tiny import ORIGINAL_CONTEXT, input_ids, logits, native_model, tiny_config, tiny_model
+from tiny import ORIGINAL_CONTEXT, input_ids, logits, native_model, patched_dispatched, tiny_config, tiny_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -670,26 +670,5 @@ def test_a_model_dispatched_across_cpu_and_disk_patches_generates_and_unpatches(
     """A model too large for one device, loaded through ``from_pretrained(..., device_map=...)`` with a layer offloaded
     to disk (accelerate's hooks load its weights for each forward): patched, it gives the plain patched model's
     logits, generates, and ``unpatch`` restores its own logits bit-exactly."""
-    from transformers import AutoModelForCausalLM
-
-    plain = tiny_model("llama")
-    plain.save_pretrained(tmp_path / "model")
-    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
-                  "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "cpu"}
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=device_map,
-                                                 offload_folder=tmp_path / "offload").eval()
-    assert model.hf_device_map["model.layers.1"] == "disk"
-    ids = input_ids(40)
-    with torch.no_grad():
-        before = model(ids).logits
-        torch.testing.assert_close(before, plain(ids).logits, rtol=1e-5, atol=1e-5)
-        torch.manual_seed(0)  # (a learnable bias's initialisation: the same for both)
-        rope_ext.patch(model, spec)
-        torch.manual_seed(0)
-        rope_ext.patch(plain, spec)
-        patched = model(ids).logits
-        assert not torch.equal(patched, before)
-        torch.testing.assert_close(patched, plain(ids).logits, rtol=1e-5, atol=1e-5)
-        assert model.generate(ids[:, :20], max_new_tokens=4, do_sample=False).shape == (1, 24)
-        rope_ext.unpatch(model)
-        assert torch.equal(model(ids).logits, before)
+    _, before, patched = patched_dispatched(tiny_model("llama"), tmp_path, spec, input_ids(40))
+    assert not torch.equal(patched, before)

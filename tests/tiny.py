@@ -120,3 +120,32 @@ def input_ids(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
 @torch.no_grad()
 def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
     return model(input_ids=ids, **kwargs).logits
+
+
+def patched_dispatched(plain, folder, spec: str, ids: torch.Tensor, rotary: str = "cpu"):
+    """``plain`` saved under ``folder`` and reloaded with ``device_map`` (its second layer offloaded to disk, its
+    rotary module on ``rotary``: accelerate's hooks load their weights for each forward). Checks that it gives
+    ``plain``'s logits; that, both patched with ``spec``, it gives the plain patched model's logits and generates;
+    and that ``unpatch`` restores its own bit-exactly. Returns ``(dispatched model, logits before, logits patched)``
+    for the caller's checks."""
+    import rope_ext
+
+    plain.save_pretrained(folder / "model")
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": rotary, "model.layers.0": "cpu",
+                  "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(folder / "model", device_map=device_map,
+                                                 offload_folder=folder / "offload").eval()
+    assert model.hf_device_map["model.layers.1"] == "disk"
+    with torch.no_grad():
+        before = model(ids).logits
+        torch.testing.assert_close(before, plain(ids).logits, rtol=1e-5, atol=1e-5)
+        torch.manual_seed(0)  # (a learnable bias's initialisation: the same for both)
+        rope_ext.patch(model, spec)
+        torch.manual_seed(0)
+        rope_ext.patch(plain, spec)
+        patched = model(ids).logits
+        torch.testing.assert_close(patched, plain(ids).logits, rtol=1e-5, atol=1e-5)
+        assert model.generate(ids[:, :20], max_new_tokens=4, do_sample=False).shape == (1, 24)
+        rope_ext.unpatch(model)
+        assert torch.equal(model(ids).logits, before)
+    return model, before, patched

@@ -126,7 +126,8 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     caller's table form or blockwise path runs)."""
     if (table is None) == (slopes is None):
         raise ValueError("flex.distance_biased takes a bias table or slopes, one of the two")
-    if (q.dtype, q.shape[-1], "table" if slopes is None else "slopes") in FAILED:
+    failure = (q.dtype, q.shape[-1], "table" if slopes is None else "slopes")
+    if failure in FAILED:
         return None
     block_mask, offset = _causal_mask(q.shape[2], k.shape[2], q.device)
 
@@ -145,9 +146,10 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1,
                            kernel_options=KERNEL_OPTIONS)
     except Exception as error:  # (torch.compile's errors have no common class)
-        FAILED.add((q.dtype, q.shape[-1], "table" if slopes is None else "slopes"))
+        FAILED.add(failure)
         warnings.warn(f"rope_ext: the fused bias attention (flex attention through torch.compile) failed here "
                       f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); biases in "
                       f"{str(q.dtype).removeprefix('torch.')} with head size {q.shape[-1]} (read from "
-                      f"{'a table' if slopes is None else 'slopes'}) run another way from now on", RuntimeWarning, stacklevel=2)
+                      f"{'a table' if slopes is None else 'slopes'}) run another way from now on", RuntimeWarning,
+                      stacklevel=2)
         return None

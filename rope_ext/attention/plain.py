@@ -128,10 +128,10 @@ def run_plain(call: Call) -> torch.Tensor:
         acc = blocks.accumulator_for(call, q, k, v, bias)
         inference = type(acc) is Accumulator and not acc.dropout  # (not decode, not recorded for training)
         if of_distance and group.contiguous and far_limit is None and inference and n > 1 and flex.available(q, k, v):
-            slopes = flex.linear_slopes(call.program.of_type(Bias), q.device, q.shape[1])  # (CUDA: one fused
-            table = None if slopes is not None else flex.distance_table(bias, m, q.device, q.shape[1])  # call)
-            out = flex.distance_biased(q, k, v, call.scale, table, slopes)
-            if out is None and slopes is not None:  # (the slopes' compile failed here: the table's may not)
+            # (CUDA: one fused call, see flex; ALiBi's from its slopes, else, or where that compile failed, a table)
+            slopes = flex.linear_slopes(call.program.of_type(Bias), q.device, q.shape[1])
+            out = None if slopes is None else flex.distance_biased(q, k, v, call.scale, slopes=slopes)
+            if out is None:
                 out = flex.distance_biased(q, k, v, call.scale, flex.distance_table(bias, m, q.device, q.shape[1]))
             if out is not None:
                 return out

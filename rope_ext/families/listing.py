@@ -100,9 +100,9 @@ def support_summary() -> str:
         f"Of the {len(rope)} causal-LM model types of transformers {transformers.__version__} whose modeling code has "
         f"a rotary embedding, {taking('frequency')} take the frequency methods, {taking('position_rule')} the "
         f"attention rewrites and {taking('bias')} the additive biases; {sum(not k for k in kinds.values())} take "
-        f"none (each refusal with its reason), and {len(rope) - len(kinds)} are not found. Beside them: {', '.join(others)}, with position "
-        "encodings of their own. Every RoPE family is a row found from transformers' own model list, its support "
-        "measured; tests/test_conformance.py patches a tiny model of each causal-LM type "
+        f"none (each refusal with its reason), and {len(rope) - len(kinds)} are not found. Beside them: "
+        f"{', '.join(others)}, with position encodings of their own. Every RoPE family is a row found from "
+        "transformers' own model list, its support measured; tests/test_conformance.py patches a tiny model of each causal-LM type "
         "([docs/methods.md](docs/methods.md#families): the table, each refusal with its reason).\n"
     )
 

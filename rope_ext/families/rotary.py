@@ -40,11 +40,13 @@ _PREFIX = "transformers.models."
 
 #: the rotary module's measured conventions that no rope_ext method takes: words of the rotary site's refusal -> the
 #: family-level reason (a refusal that depends on the checkpoint, a missing original length, is not among them)
+#: M-RoPE's family-level reason: the attention kinds refused, the frequency kinds patch it through its own module
+MROPE_REFUSAL = ("its rotary embedding is multimodal RoPE (M-RoPE: frequencies split among three position streams), "
+                 "which rope_ext's attention methods and biases do not take (frequency methods patch it)")
 NOT_STANDARD = (
     ("returned a Tensor", "its rotary module returns complex frequencies (freqs_cis), not (cos, sin): Llama 4's and "
                           "DeepSeek-V2's convention, which rope_ext's rotary does not take"),
-    ("M-RoPE", "its rotary embedding is multimodal RoPE (M-RoPE: frequencies split among three position streams), "
-               "which rope_ext's attention methods and biases do not take (frequency methods patch it)"),
+    ("M-RoPE", MROPE_REFUSAL),
     ("not standard RoPE", "its rotary module is not standard RoPE (measured on one built from its default config: "
                           "its cos/sin are not cat(freqs, freqs) at the config's base, e.g. interleaved pairs or "
                           "half-size tables), which rope_ext's rotary does not take"),
@@ -97,7 +99,7 @@ class RotaryFamily(FamilyAdapter):
         found = super().refusals(model_type)
         rotary = self.rotary_refused(model_type)
         if rotary is not None:  # (nothing of the family runs: every kind needs its rotary; M-RoPE: frequency kinds do)
-            rotary_site = {} if rotary == NOT_STANDARD[1][1] else {RotarySite.kind: rotary}
+            rotary_site = {} if rotary == MROPE_REFUSAL else {RotarySite.kind: rotary}
             return Refusals({**found.sites, **rotary_site, AttentionSite.kind: rotary})
         if AttentionSite.kind not in self.site_kinds:
             return found

@@ -146,12 +146,9 @@ class BiasInstaller(HookInstaller):
             owned = own(builder, method.method, PerLayer(modules))
             terms = [PositionBias(method, owned=owned, index=i) for i in range(len(layers))]
         else:  # (one fixed module per head size)
-            fixed: dict[int | None, nn.Module] = {}
-            for layer, _ in layers:
-                size = head_dim(layer.module)
-                if size not in fixed:
-                    fixed[size] = method.module(heads, 0, size)
-            terms = [PositionBias(method, fixed=fixed[head_dim(layer.module)]) for layer, _ in layers]
+            sizes = [head_dim(layer.module) for layer, _ in layers]
+            fixed = {size: method.module(heads, 0, size) for size in dict.fromkeys(sizes)}
+            terms = [PositionBias(method, fixed=fixed[size]) for size in sizes]
         for (_, program), term in zip(layers, terms):
             program.add(term)
 

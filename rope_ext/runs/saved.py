@@ -14,7 +14,7 @@ from torch import nn
 from rope_ext.core import get_patch, patch, patched, unpatch
 from rope_ext.families import CONFIG_KEY
 from rope_ext.installers.params import container_of
-from rope_ext.methods import MethodConfig
+from rope_ext.methods import HOOK_FREQUENCY, MethodConfig
 
 
 class SavedPatch(list):
@@ -71,7 +71,7 @@ def with_method(
     saved."""
     if not configs:
         return work()
-    if not any(config.hook == "frequency" for config in configs):  # (--replace-scaling is for the frequency methods)
+    if not any(config.hook == HOOK_FREQUENCY for config in configs):  # (--replace-scaling is for frequency methods)
         site_options = {k: v for k, v in (site_options or {}).items() if k != "replace_scaling"}
     if not isinstance(configs, SavedPatch) or not vars(model).get(_SAVED_STATE):
         with patched(model, list(configs), **(site_options or {})):
