@@ -18,14 +18,15 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from rope_ext.families import CONFIG_KEY, Support, find_family
+from rope_ext.guards import refuse_shared_configs, warn_beyond_range
 from rope_ext.installers.attention import installed_programs
 from rope_ext.installers.base import PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
+from rope_ext.installers.frequency import TEMPERATURE_KEYS
 from rope_ext.installers.params import PARAMS_ATTR, ContainerEdit, PatchParameters, container_of
 from rope_ext.methods import HOOK_FREQUENCY, MethodConfig, make_configs
 from rope_ext.methods.base import get_method_class
 from rope_ext.methods.spec import parse_spec, split_spec
-from rope_ext.families import CONFIG_KEY, Support, find_family
-from rope_ext.guards import refuse_shared_configs, warn_beyond_range
 from rope_ext.saved import saved_block
 
 STATE_ATTR = "_rope_ext_state"
@@ -118,9 +119,12 @@ def patch(model: ModelT, method: Any, **options: Any) -> ModelT:
             f"{', '.join(site_options)}"
         ) from None
     _check_hooks(support, [(config.method, config.hook) for config in configs])
-    if given.get("replace_scaling") and not any(config.hook == HOOK_FREQUENCY for config in configs):  # (said)
+    if given.get("replace_scaling") and not any(config.hook == HOOK_FREQUENCY for config in configs) and not (
+        any(config.method == "temperature" for config in configs) and _reads_temperature(sites)
+    ):  # (said; a temperature replaces Ministral 3's own)
         warnings.warn(f"rope_ext: replace_scaling has no effect on {'+'.join(c.method for c in configs)}: only a "
-                      "frequency method replaces the checkpoint's own RoPE scaling", UserWarning, stacklevel=2)
+                      "frequency method replaces the checkpoint's own RoPE scaling (and a temperature Ministral 3's "
+                      "llama_4_scaling_beta)", UserWarning, stacklevel=2)
 
     builder = PlanBuilder(sites, site_options | given, frozenset(config.hook for config in configs))
     builder.install(configs)
@@ -251,6 +255,13 @@ def summary(model: nn.Module) -> str:
         trainable = sum(p.numel() for p in container.parameters() if p.requires_grad)
         lines.append(f"  parameters owned: {total:,} ({trainable:,} trainable) under '{PARAMS_ATTR}.'")
     return "\n".join(lines)
+
+
+def _reads_temperature(sites: Any) -> bool:
+    """Whether the model's attention reads a temperature from its rope parameters (Ministral 3's)."""
+    rotary = sites.get("rotary")
+    params = getattr(rotary[0].config, "rope_parameters", None) if rotary else None
+    return isinstance(params, dict) and TEMPERATURE_KEYS[0] in params
 
 
 def _spec_of(config: MethodConfig) -> str:

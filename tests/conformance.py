@@ -34,8 +34,9 @@ MOE: dict[str, Any] = dict(
 )
 #: multi-head latent attention (DeepSeek-V2/V3 and their kin): the rotary part of the head is qk_rope_head_dim
 MLA: dict[str, Any] = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
-#: DeepSeek-V3.2's sparse attention indexer (its own small heads)
-INDEXER: dict[str, Any] = dict(index_head_dim=16, index_n_heads=2, index_topk=8)
+#: DeepSeek-V3.2's sparse attention indexer (its own small heads; 8 of them: with 2, keys whose ReLU'd scores are
+#: all zero tie, and the top-k of a left-padded row picks other keys than the row alone)
+INDEXER: dict[str, Any] = dict(index_head_dim=16, index_n_heads=8, index_topk=8)
 #: the few types whose layer pattern the generic recipe cannot cut (a hybrid's attention layer indices)
 RECIPES: dict[str, dict[str, Any]] = {
     "bamba": dict(attn_layer_indices=[1]),
@@ -70,8 +71,10 @@ def _shrunk(config: Any) -> dict[str, Any]:
     if hasattr(type(config), "allow_global_per_layer_attribute_access") or "per_layer_config" in config.to_dict():
         config.allow_global_per_layer_attribute_access = True  # (Gemma 4's: read the global sizes to shrink them)
     sizes = {**COMMON, **MOE}
-    if getattr(config, "qk_rope_head_dim", None):  # (MLA: the rotary head is the rope part)
-        sizes.update(MLA, head_dim=MLA["qk_rope_head_dim"], qk_head_dim=MLA["qk_rope_head_dim"] + MLA["qk_nope_head_dim"])
+    if getattr(config, "qk_rope_head_dim", None):  # (MLA: the rotary head is the rope part; as many key heads as
+        sizes.update(MLA, head_dim=MLA["qk_rope_head_dim"],  # query heads, its keys expanded per head already)
+                     qk_head_dim=MLA["qk_rope_head_dim"] + MLA["qk_nope_head_dim"],
+                     num_key_value_heads=COMMON["num_attention_heads"])
     sizes.update(INDEXER)
     out = {name: value for name, value in sizes.items() if _settable(config, name)}
     layered = isinstance(getattr(config, "layer_types", None), (list, tuple)) and "layer_types" in config.to_dict()
@@ -84,6 +87,9 @@ def _shrunk(config: Any) -> dict[str, Any]:
         kinds = list(dict.fromkeys(layer_types))
         out["layer_types"] = (kinds * 2)[: max(2, len(kinds))]
         out["num_hidden_layers"] = len(out["layer_types"])
+    if layered and getattr(config, "rope_parameters", None) == {}:  # (per layer type, none by default: the
+        kinds = dict.fromkeys(out.get("layer_types", layer_types))  # checkpoint's own; default RoPE on each)
+        out["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": 1e4} for kind in kinds}
     return {**out, **RECIPES.get(config.model_type, {})}
 
 

@@ -30,15 +30,11 @@ from rope_ext.installers.rotary import RopeExtRotaryEmbedding
 
 #: types the tiny recipe cannot build yet -> words of the error (the recipe's gap, not rope_ext's)
 NOT_BUILT = {
-    "axk2": "must match the size of tensor",
     "blt": "the tiny recipe leaves",
-    "cohere_compass_text": "full_attention",
-    "deepseek_v32": "must match the size of tensor",
     "dots3_note": "mlp_layer_types",  # (a composite whose text part keeps its 46-layer MLP pattern)
     "dots3_note_text": "the tiny recipe leaves",  # (its sliding layers' per-layer sizes stay large)
     "gemma3": "the tiny recipe leaves",
     "gemma3n": "timm",
-    "glm_moe_dsa": "must match the size of tensor",
     "longcat_flash": "the tiny recipe leaves",
     "phi4_multimodal": "the tiny recipe leaves",
     "qwen4_exp": "unsupported operand",
@@ -48,7 +44,7 @@ NOT_BUILT = {
 #: types whose tiny model's logits do not depend on positions at initialisation (a method cannot move them)
 POSITION_FREE = ("zaya",)  # (its CCA attention at init: logits equal at positions 0..23 and 0, 5, ..., 115)
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
-NO_PADDED_BATCH = ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu")
+NO_PADDED_BATCH: tuple[str, ...] = ()
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
 #: table row: a p-RoPE checkpoint without its original length)
 FREQUENCY_REFUSED: dict[str, str] = {}  # (none since M-RoPE and proportional RoPE take them)
@@ -258,6 +254,43 @@ def test_ministral3s_attention_temperature_keeps_what_it_reads_under_any_method(
         if not spec.startswith("yarn"):  # (YaRN states its own original context)
             assert parameters["original_max_position_embeddings"] == kept["original_max_position_embeddings"]
     assert torch.equal(_logits(model, ids), base)
+
+
+def test_ministral3s_own_temperature_form_is_written_where_its_attention_reads_it(tmp_path):
+    """``temperature:position_offset=0`` on Ministral 3 is its own ``llama_4_scaling_beta`` over the rope parameters'
+    L: the patch writes it there (nothing else installed), equal to the same weights built with that beta, and plain
+    transformers reloads it the same; a checkpoint with a beta of its own keeps it and the method multiplies it
+    (replace_scaling replaces it, and refuses another form); a frequency method beside it leaves the native form."""
+    def built(beta: float) -> torch.nn.Module:
+        parameters = dict(rope_type="default", rope_theta=1e4, llama_4_scaling_beta=beta,
+                          original_max_position_embeddings=16)
+        return tiny_model("ministral3", rope_parameters=parameters)
+
+    model, native = built(0.0), built(0.3)
+    ids = torch.randint(3, VOCAB, (1, 80), generator=torch.Generator().manual_seed(0))
+    base, reference = _logits(model, ids), _logits(native, ids)
+    assert not torch.equal(base, reference)
+    with rope_ext.patched(model, "temperature:attn_scale=0.3:position_offset=0"):
+        assert model.config.rope_parameters["llama_4_scaling_beta"] == 0.3
+        assert not list(installed_programs(model))
+        assert torch.equal(_logits(model, ids), reference)
+        model.save_pretrained(tmp_path)
+    assert torch.equal(_logits(model, ids), base) and model.config.rope_parameters["llama_4_scaling_beta"] == 0.0
+    assert torch.equal(_logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval(), ids), reference)
+    with rope_ext.patched(model, "temperature:attn_scale=0.3:floor_scale=16:position_offset=0:layers=rope"):
+        assert list(installed_programs(model))  # (another form: the query scale in rope_ext's attention, same values)
+        torch.testing.assert_close(_logits(model, ids), reference, rtol=1e-5, atol=1e-5)
+    with rope_ext.patched(native, "temperature:attn_scale=0.3:position_offset=0"):
+        assert native.config.rope_parameters["llama_4_scaling_beta"] == 0.3 and list(installed_programs(native))
+    with rope_ext.patched(native, "temperature:attn_scale=0.5:position_offset=0", replace_scaling=True):
+        assert native.config.rope_parameters["llama_4_scaling_beta"] == 0.5 and not list(installed_programs(native))
+    with pytest.raises(ValueError, match=r"^temperature: replace_scaling replaces this model's own "
+                                         r"llama_4_scaling_beta only with its form, temperature:position_offset=0 "
+                                         r"\(layers=all, floor_scale 16"):
+        rope_ext.patch(native, "temperature:attn_scale=0.5", replace_scaling=True)
+    with rope_ext.patched(model, "pi:factor=2+temperature:attn_scale=0.3:position_offset=0"):
+        assert model.config.rope_parameters["llama_4_scaling_beta"] == 0.0 and list(installed_programs(model))
+    assert torch.equal(_logits(native, ids), reference)
 
 
 def test_rope_ext_families_says_why_a_family_is_refused(monkeypatch):

@@ -710,6 +710,11 @@ def test_llama4_temperature_at_hand_values():
     doubled = TemperatureConfig(attn_scale=0.2, floor_scale=8).query_multiplier(i, 8)
     torch.testing.assert_close(doubled, hand([1 + 2 * (e - 1) for e in expected]), rtol=1e-12, atol=0)
     assert (TemperatureConfig().attn_scale, TemperatureConfig().layers) == (0.1, "all")
+    assert TemperatureConfig().position_offset == 1
+    # Ministral 3's llama_4_scaling_beta form, ``1 + s ln(1 + floor(i / F))``: the step one position later
+    mistral = [1.0, 1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(8)]
+    torch.testing.assert_close(TemperatureConfig(floor_scale=8, position_offset=0).query_multiplier(i, 4096),
+                               hand(mistral), rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -717,6 +722,8 @@ def test_llama4_temperature_at_hand_values():
     ("temperature:attn_scale=11", "temperature: attn_scale must be a number in (0, 10], got 11"),
     ("temperature:floor_scale=1", "temperature: floor_scale must be an int >= 2, got 1"),
     ("temperature:layers=bogus", "temperature: layers must be one of all, nope, rope, got 'bogus'"),
+    ("temperature:position_offset=2", "temperature: position_offset must be 0 or 1, got 2"),
+    ("temperature:position_offset=true", "temperature: position_offset must be 0 or 1, got True"),
 ])
 def test_llama4_temperature_refuses_bad_values_naming_the_valid_ones(spec, message):
     with pytest.raises(ValueError) as refused:

@@ -293,6 +293,12 @@ class PlanBuilder:
         self.edit(config, name, new)
         self.config_edits.append(self.plan.edits[-1])
 
+    def pending(self, config: Any, name: str) -> Any:
+        """A config attribute as this plan leaves it so far (installers that edit one build on each other's)."""
+        name = getattr(type(config), "attribute_map", {}).get(name, name)
+        edits = [e.new for e in self.config_edits if e.obj is config and e.name == name]
+        return edits[-1] if edits else getattr(config, name, None)
+
     def set_attn_implementation(self, model: nn.Module, key: str, configs: list[Any]) -> None:
         """Make ``key`` the attention implementation of ``model`` and of ``configs`` (one owner per plan: a second
         call with another key is refused)."""

@@ -136,7 +136,7 @@ class FrequencyInstaller(HookInstaller):
         if not method.dynamic:
             extended = max(round(method.factor * spec.original_max_position_embeddings) for spec in specs.values())
             longer = extended if extended > (getattr(config, "max_position_embeddings", None) or 0) else None
-        rope_parameters = copy.deepcopy(config.rope_parameters)
+        rope_parameters = copy.deepcopy(builder.pending(config, "rope_parameters"))
         for layer_type, params in native.items():
             current = site.params(layer_type)
             kept = (*BASE_KEYS, *MROPE_KEYS, *(TEMPERATURE_KEYS if TEMPERATURE_KEYS[0] in current else ()))

@@ -15,8 +15,9 @@ import dataclasses
 from torch import nn
 
 from rope_ext.attention.program import PositionRule, QueryScale
-from rope_ext.installers.attention import installed_programs, program_setup
+from rope_ext.installers.attention import AttentionSite, installed_programs, program_setup
 from rope_ext.installers.base import HookInstaller, PlanBuilder, register_hook
+from rope_ext.installers.frequency import TEMPERATURE_KEYS
 from rope_ext.installers.rotary import RotarySite
 from rope_ext.installers.rotation import check_chosen_layers, no_layer_to_rewrite, rotate_in_attention
 from rope_ext.methods import (
@@ -75,6 +76,8 @@ class QueryScaleInstaller(HookInstaller):
 
     def plan(self, builder: PlanBuilder, method: MethodConfig) -> None:
         assert isinstance(method, (LogNConfig, TemperatureConfig))
+        if isinstance(method, TemperatureConfig) and _native_temperature(builder, method):
+            return
         setup = program_setup(builder, method.method)
         rotary_site = builder.sites.get(RotarySite.kind)[0]
         if builder.option("layer_types") is not None and method.layers != "rope":  # (refused, not ignored)
@@ -125,6 +128,35 @@ class QueryScaleInstaller(HookInstaller):
         if method.original_max_position_embeddings is not None or len(originals) != 1:
             return method
         return dataclasses.replace(method, original_max_position_embeddings=originals.pop())
+
+
+def _native_temperature(builder: PlanBuilder, method: TemperatureConfig) -> bool:
+    """Write the temperature where the model's own attention reads it, and install nothing else (``True``): Ministral 3
+    and Mistral 4 scale queries by ``1 + beta ln(1 + floor(i / L))`` with ``llama_4_scaling_beta`` and the ``L`` of
+    their rope parameters, on every layer. That is ``temperature`` with position_offset=0, layers=all and
+    ``floor_scale`` that ``L``, where no layer has a sliding window and no frequency method changes the rope parameters
+    in the same patch; a checkpoint's own nonzero beta is replaced only with ``replace_scaling`` (else the method
+    multiplies it, as a query scale in rope_ext's attention)."""
+    config = builder.sites.get(RotarySite.kind)[0].config
+    params = builder.pending(config, "rope_parameters")
+    if not isinstance(params, dict) or TEMPERATURE_KEYS[0] not in params:
+        return False
+    if HOOK_FREQUENCY in builder.kinds:  # (its replace_scaling is the frequency method's)
+        return False
+    floor = params.get("original_max_position_embeddings")
+    layers = [layer for site in builder.sites.get(AttentionSite.kind) for layer in site.layers]
+    native = (method.position_offset, method.layers) == (0, "all") and (method.floor_scale or floor) == floor
+    native = native and not any(layer.sliding_window is not None for layer in layers)
+    replace = builder.option("replace_scaling")
+    if replace and not native:
+        raise ValueError(
+            "temperature: replace_scaling replaces this model's own llama_4_scaling_beta only with its form, "
+            f"temperature:position_offset=0 (layers=all, floor_scale {floor}, no sliding-window layer); leave "
+            "replace_scaling out to multiply the model's own temperature instead")
+    if not native or (params[TEMPERATURE_KEYS[0]] and not replace):
+        return False
+    builder.edit_config(config, "rope_parameters", {**params, TEMPERATURE_KEYS[0]: method.attn_scale})
+    return True
 
 
 register_hook(PositionRuleInstaller())

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from rope_ext.methods.base import HOOK_QUERY_SCALE, MethodConfig, register_method
-from rope_ext.methods.options import context_length, interval, one_of, option
+from rope_ext.methods.options import Check, context_length, interval, one_of, option
 
 
 @register_method
@@ -66,12 +66,16 @@ class TemperatureConfig(MethodConfig):
     floor_scale: int | None = option(
         None, context_length(),
         meaning="``F``, the positions per step; None: ``L`` (the rotation's original context; Llama 4's is 8192)")
+    position_offset: int = option(
+        1, Check("0 or 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v in (0, 1)),
+        meaning="``o`` in ``floor((i + o) / F)``: 1 counts positions from one (Llama 4's), 0 from zero (Ministral 3's "
+                "and Mistral 4's llama_4_scaling_beta, which rope_ext then writes into their rope parameters)")
     layers: str = option(
         "all", one_of("all", "nope", "rope"),
         meaning="the full-attention layers that take it: all, nope (those without positions: Llama 4's) or rope "
                 "(those with them); sliding-window layers never do")
 
     def query_multiplier(self, i: torch.Tensor, original: int) -> torch.Tensor:
-        """``1 + s ln(floor((i + 1) / F) + 1)`` at query positions ``i`` (float64)."""
-        steps = torch.floor((i.to(torch.float64) + 1) / (self.floor_scale or original))
+        """``1 + s ln(floor((i + o) / F) + 1)`` at query positions ``i`` (float64)."""
+        steps = torch.floor((i.to(torch.float64) + self.position_offset) / (self.floor_scale or original))
         return 1 + self.attn_scale * torch.log1p(steps)
