@@ -2,15 +2,16 @@
 
 1. The attention op alone, at the default model's shape (bf16, 9 heads over 3 KV heads, head size 64) and
    ``--length`` keys: SDPA's causal attention (cuDNN / flash, as SDPA picks) against flex attention under the causal
-   block mask with no bias (flex's own floor), ALiBi computed from the distance (``slopes``, rope_ext's form for
-   ALiBi) and ALiBi read from a table by distance (``table``, its form for KERPLE and Sandwich), for each set of
-   ``kernel_options`` below and for dynamic and static shapes. Each compiled after a dynamo reset (its compile time
+   block mask with no bias (flex's own floor), ALiBi computed from the distance (``linear``, rope_ext's form for
+   ALiBi), KERPLE's log kernel computed from the distance (``log``) and ALiBi read from a table by distance (``table``,
+   the form for Sandwich), for each set of ``kernel_options`` below with static shapes (the committed set dynamic
+   too). Each compiled after a dynamo reset (its compile time
    kept); then the configurations timed in interleaved rounds, the order reversed every other round, each against
    the SDPA of its round (median and spread). The largest distance of each biased form from float32 attention with
    the bias written out (at ``--check-length``) is kept beside it.
 2. The whole model (random weights) patched with ALiBi at each ``--model-lengths`` value, with rope_ext's settings
-   (``flex.KERNEL_OPTIONS`` / ``DYNAMIC`` / ``LINEAR`` as committed) and with the fastest options of step 1, against
-   the unpatched model's SDPA in the same interleaved rounds.
+   (``flex.KERNEL_OPTIONS`` / ``DYNAMIC`` / ``CLOSED_FORMS`` as committed) and with the fastest options of step 1,
+   against the unpatched model's SDPA in the same interleaved rounds.
 
 Writes ``$OUT/flex_configs.json`` (``--out``). Needs a CUDA GPU with Triton; ``--device cpu`` runs it uncompiled at
 small sizes to check the script (its numbers mean nothing).
@@ -90,28 +91,47 @@ def _inputs(n, device, dtype, seed=0):
     return q, k, v
 
 
-def op_sweep(args, device, dtype) -> dict:
+def _biases(device):
+    """The forms of the distance ``d`` measured: ALiBi's ``-s d`` and KERPLE's ``-r1 log(1 + r2 d)`` (its
+    initialisation's ranges, fixed seed) -> ``{form: (closed form, f(d) -> [h, ...] float32)}``."""
     slopes = torch.tensor(alibi_slopes(HEADS), device=device)
+    g = torch.Generator().manual_seed(0)
+    r1, r2 = (torch.rand(HEADS, generator=g) * s for s in (2.0, 1.0))
+    r1, r2 = r1.to(device), r2.to(device)
+    return {
+        "linear": (("linear", slopes, None), lambda d: -slopes.view(-1, *[1] * d.dim()) * d),
+        "log": (("log", r1, r2), lambda d: -r1.view(-1, *[1] * d.dim()) * torch.log1p(r2.view(-1, *[1] * d.dim()) * d)),
+    }
+
+
+def op_sweep(args, device, dtype) -> dict:
     n, scale = args.length, HEAD_DIM ** -0.5
     q, k, v = _inputs(n, device, dtype)
-    table = (-slopes[:, None] * torch.arange(n, device=device, dtype=torch.float32)[None]).contiguous()
     cq, ck, cv = _inputs(args.check_length, device, dtype, seed=1)
     m = args.check_length
     d = torch.arange(m, device=device, dtype=torch.float32)
-    bias = (-slopes[:, None, None] * (d[:, None] - d[None, :]).abs()[None]).masked_fill(d[None, :] > d[:, None],
-                                                                                           float("-inf"))
+    distance = (d[:, None] - d[None, :]).clamp(min=0)
     groups = HEADS // KV_HEADS
-    exact = F.scaled_dot_product_attention(cq.float(), ck.float().repeat_interleave(groups, 1),
-                                           cv.float().repeat_interleave(groups, 1), attn_mask=bias, scale=scale)
-    check_table = table[:, :m].contiguous()
+    biases = _biases(device)
+    exact, tables = {}, {}
+    for name, (_, bias) in biases.items():  # (float32 attention with the bias written out; its table by distance)
+        full = bias(distance).masked_fill(d[None, :] > d[:, None], float("-inf"))[None]
+        exact[name] = F.scaled_dot_product_attention(cq.float(), ck.float().repeat_interleave(groups, 1),
+                                                     cv.float().repeat_interleave(groups, 1), attn_mask=full,
+                                                     scale=scale)
+        tables[name] = bias(torch.arange(n, device=device, dtype=torch.float32)).contiguous()
+    exact["table"] = exact["linear"]
     forms = {
         "causal": lambda x, y, z: _causal_only(x, y, z, scale),
-        "slopes": lambda x, y, z: flex.distance_biased(x, y, z, scale, slopes=slopes),
-        "table": lambda x, y, z: flex.distance_biased(x, y, z, scale, table=table if x.shape[2] == n else check_table),
+        **{name: (lambda x, y, z, f=form: flex.distance_biased(x, y, z, scale, form=f))
+           for name, (form, _) in biases.items()},
+        "table": lambda x, y, z: flex.distance_biased(
+            x, y, z, scale, table=tables["linear"] if x.shape[2] == n else tables["linear"][:, :m].contiguous()),
     }
     rows = []
     committed = (flex.KERNEL_OPTIONS, flex.DYNAMIC)
-    settings = [(o, True) for o in OPTIONS] + [(flex.KERNEL_OPTIONS, False)]
+    # (static shapes for every option set; the committed options dynamic too, as the first sweep measured them all)
+    settings = [(o, False) for o in OPTIONS] + [(flex.KERNEL_OPTIONS, True)]
     for options, dynamic in settings:
         for form, fn in forms.items():
             _reset(options, dynamic)
@@ -123,7 +143,7 @@ def op_sweep(args, device, dtype) -> dict:
                     row["failed"] = True
                 else:
                     if form != "causal":
-                        row["max_diff_vs_float32"] = (fn(cq, ck, cv).float() - exact).abs().max().item()
+                        row["max_diff_vs_float32"] = (fn(cq, ck, cv).float() - exact[form]).abs().max().item()
                     row["times"] = []
             except Exception as error:  # (a config the compiler refuses: kept with its words)
                 row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
@@ -213,12 +233,13 @@ def main(argv=None) -> int:
         flex.COMPILE, dtype = False, torch.float32
         flex.available = lambda q, k, v: True
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-              "committed": {"kernel_options": flex.KERNEL_OPTIONS, "dynamic": flex.DYNAMIC, "linear": flex.LINEAR}}
+              "committed": {"kernel_options": flex.KERNEL_OPTIONS, "dynamic": flex.DYNAMIC,
+                            "closed_forms": flex.CLOSED_FORMS}}
     ops = op_sweep(args, device, dtype)
     result["op"] = ops
-    timed = [r for r in ops["rows"] if r["form"] == "slopes" and "ratio" in r]
+    timed = [r for r in ops["rows"] if r["form"] == "linear" and "ratio" in r]
     best = min(timed, key=lambda r: r["ratio"]["median"]) if timed else None
-    result["fastest_slopes"] = best and {k: best[k] for k in ("options", "dynamic", "ratio")}
+    result["fastest_linear"] = best and {k: best[k] for k in ("options", "dynamic", "ratio")}
     result["model"] = model_runs(args, device, dtype, best and (best["options"], best["dynamic"]))
     path = os.path.join(args.out, "flex_configs.json")
     with open(path, "w") as handle:

@@ -618,9 +618,9 @@ def fused_here(monkeypatch):
     calls = []
     original = flex.distance_biased
     monkeypatch.setattr(flex, "FAILED", set())
-    def counted(q, k, v, scale, table=None, slopes=None):
-        calls.append((q.shape, "slopes" if slopes is not None else "table"))
-        return original(q, k, v, scale, table, slopes)
+    def counted(q, k, v, scale, table=None, form=None):
+        calls.append((q.shape, form[0] if form is not None else "table"))
+        return original(q, k, v, scale, table, form)
 
     monkeypatch.setattr(flex, "distance_biased", counted)
     with warnings.catch_warnings():
@@ -655,26 +655,29 @@ def test_a_bias_of_the_distance_runs_as_one_fused_call_equal_to_the_reference(fu
     else:  # (every layer: the whole batch, each padded row alone, then each chunk; the one-token chunk is decode)
         chunks = [c for c in range(0, L + 5, L // 2) if min(L + 5, c + L // 2) - c > 1]
         assert len(fused_here) == layers * (1 + 2 + len(chunks))
-        # ALiBi's bias computed from the distance in the kernel, the others' read from their table
-        assert {form for _, form in fused_here} == {"slopes" if method.startswith("alibi") else "table"}
+        # ALiBi's and KERPLE's bias computed from the distance in the kernel, Sandwich's read from its table
+        forms = {"alibi": "linear", "kerple": "log", "kerple:form=power": "power", "sandwich": "table"}
+        assert {form for _, form in fused_here} == {forms[method.removesuffix(":factor=2")]}
 
 
-@pytest.mark.parametrize("method", ["alibi", "alibi:factor=2"])
-def test_alibis_slopes_in_the_fused_call_give_its_table_exactly(fused_here, monkeypatch, method):
-    """``-s_h (i - j)`` computed in the kernel is the table's float32 value at every distance: the logits are the
-    same bits either way (``flex.LINEAR`` off: the table), uncompiled here (a compiled kernel may fuse the multiply
-    and subtract: one rounding less)."""
+@pytest.mark.parametrize(("method", "form"), [("alibi", "linear"), ("alibi:factor=2", "linear"), ("kerple", "log"),
+                                            ("kerple:form=power", "power"), ("kerple:eps=0.5", "log")])
+def test_a_closed_form_in_the_fused_call_gives_its_table_exactly(fused_here, monkeypatch, method, form):
+    """ALiBi's ``-s_h (i - j)`` and KERPLE's ``-r1 log(1 + r2 (i - j))`` and ``-r1 (i - j)^r2`` computed in the kernel
+    are the table's float32 values at every distance (KERPLE's parameters clamped at ``eps`` as its forward clamps
+    them): the logits are the same bits either way (``flex.CLOSED_FORMS`` off: the table), uncompiled here (a
+    compiled kernel may fuse a multiply and subtract: one rounding less)."""
     from rope_ext.attention import flex
 
     model = tiny_model("llama")
     ids = input_ids(3 * L, batch=2)
     with rope_ext.patched(model, method):
-        by_slopes = logits(model, ids)
-        monkeypatch.setattr(flex, "LINEAR", False)
+        by_form = logits(model, ids)
+        monkeypatch.setattr(flex, "CLOSED_FORMS", False)
         by_table = logits(model, ids)
     half = len(fused_here) // 2
-    assert half > 0 and [form for _, form in fused_here] == ["slopes"] * half + ["table"] * half
-    assert torch.equal(by_slopes, by_table)
+    assert half > 0 and [f for _, f in fused_here] == [form] * half + ["table"] * half
+    assert torch.equal(by_form, by_table)
 
 
 def test_a_failed_compile_sends_that_dtype_and_head_size_to_the_blockwise_path_with_one_warning(monkeypatch):
@@ -692,16 +695,19 @@ def test_a_failed_compile_sends_that_dtype_and_head_size_to_the_blockwise_path_w
     monkeypatch.setattr(flex, "_compiled", lambda: broken)
     q = torch.randn(1, 2, 5, 16)
     with pytest.warns(RuntimeWarning, match=r"failed here \(RuntimeError: no valid triton configs\); biases in "
-                                            r"float32 with head size 16 \(read from slopes\) run another way "
+                                            r"float32 with head size 16 \(read from its linear form\) run another way "
                                             r"from now on"):
-        assert flex.distance_biased(q, q, q, 0.25, slopes=torch.ones(2)) is None
-    assert flex.FAILED == {(torch.float32, 16, "slopes")}
-    assert flex.distance_biased(q, q, q, 0.25, slopes=torch.ones(2)) is None and len(compiles) == 1  # (remembered)
+        assert flex.distance_biased(q, q, q, 0.25, form=("linear", torch.ones(2), None)) is None
+    assert flex.FAILED == {(torch.float32, 16, "linear")}
+    assert flex.distance_biased(q, q, q, 0.25, form=("linear", torch.ones(2), None)) is None  # (remembered)
+    assert len(compiles) == 1
     with pytest.warns(RuntimeWarning, match=r"\(read from a table\)"):  # (the table's form is still tried)
         assert flex.distance_biased(q, q, q, 0.25, table=torch.zeros(2, 5)) is None
-    assert flex.FAILED == {(torch.float32, 16, "slopes"), (torch.float32, 16, "table")} and len(compiles) == 2
-    with pytest.raises(ValueError, match="a bias table or slopes, one of the two"):
+    assert flex.FAILED == {(torch.float32, 16, "linear"), (torch.float32, 16, "table")} and len(compiles) == 2
+    with pytest.raises(ValueError, match="a bias table or a closed form, one of the two"):
         flex.distance_biased(q, q, q, 0.25)
+    with pytest.raises(ValueError, match="unknown closed form 'cubic' of the distance; valid forms: linear, log, power"):
+        flex.distance_biased(q, q, q, 0.25, form=("cubic", torch.ones(2), None))
 
 
 def test_the_distance_table_holds_the_bias_at_each_distance():

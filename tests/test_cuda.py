@@ -230,8 +230,9 @@ def test_fast_path_matches_reference_on_cuda(family, method, options, dtype, mon
 
 
 #: the additive biases on a RoPE model (in place of its rotation)
-BIASES = [("alibi", {}), ("alibi", {"factor": 2}), ("kerple", {}), ("sandwich", {}), ("fire", {})]
-BIAS_IDS = ["alibi", "alibi-x2", "kerple", "sandwich", "fire"]
+BIASES = [("alibi", {}), ("alibi", {"factor": 2}), ("kerple", {}), ("kerple", {"form": "power"}), ("sandwich", {}),
+          ("fire", {})]
+BIAS_IDS = ["alibi", "alibi-x2", "kerple", "kerple-power", "sandwich", "fire"]
 
 
 @pytest.fixture

@@ -11,14 +11,15 @@ Triton kernel), under a causal block mask: one call a layer, no bias in memory, 
 call's dtype. Inference on rows at positions ``0..m-1`` only (the queries the last ``n`` keys, no sliding window);
 everything else keeps the blockwise path.
 
-A bias that is ``-s_h |i - j|`` exactly (ALiBi's: ``distance_slopes``) is computed from the distance in the kernel
-instead, ``score - slopes[h] (i - j)``: the table's float32 product (the compiled kernel may fuse the multiply
-and subtract into one rounding), with no gather from memory per score.
+A bias that is a closed form of the distance ``d = i - j`` (its ``distance_form``, ``FORMS``: ALiBi's
+``-s_h d``, KERPLE's ``-r1_h log(1 + r2_h d)`` and ``-r1_h d^r2_h``) is computed from the distance in the kernel
+instead: the table's float32 values (the compiled kernel may fuse a multiply and subtract into one rounding), with no
+gather from memory per score.
 
 The first call compiles (seconds) for its shape; a call of another shape compiles once more, for every shape
 (``DYNAMIC``; the causal offset is a tensor). Where the
 compiled call fails, a warning says so and the blockwise path runs from then on for that dtype, head size and
-form (slopes or table: a failed slopes form falls back to the table first).
+form (a closed form's name or ``"table"``: a failed closed form falls back to the table first).
 ``COMPILE = False`` runs the same function uncompiled (tests on the CPU: flex attention's own eager implementation,
 which writes out the scores).
 """
@@ -37,10 +38,12 @@ COMPILE = True
 #: ``docs/results/cuda/h200_second/run1/flex_configs.json``); ``True`` dynamic from the start; ``False`` one
 #: compile per shape
 DYNAMIC: bool | None = None
-#: a bias of the distance that is ``-s_h |i - j|`` (ALiBi) computed in the kernel (False: read from its table)
-LINEAR = True
-#: ``(dtype, head size, form)`` whose compiled call failed in this process, form ``"slopes"`` or ``"table"`` (the
-#: blockwise path runs for them instead; on an H200 flex's default options compiled the one and not the other)
+#: a bias of the distance that is a closed form (``FORMS``) computed in the kernel (False: read from its table)
+CLOSED_FORMS = True
+#: the closed forms of the distance ``d`` a kernel computes, ``(a, b) [h]`` per head: ALiBi's and KERPLE's two
+FORMS = ("linear", "log", "power")
+#: ``(dtype, head size, form)`` whose compiled call failed in this process, form one of ``FORMS`` or ``"table"``
+#: (the blockwise path runs for them instead; on an H200 flex's default options compiled the one and not the other)
 FAILED: set[tuple[torch.dtype, int, str]] = set()
 #: flex attention's ``kernel_options``: with its defaults the default model's shape (bf16, head size 64) did not
 #: compile on an H200 (the kernel asked for 240 KiB of shared memory, the chip has 227); of the options tried there
@@ -52,7 +55,7 @@ def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the fused call runs here: CUDA, no gradients, one head size (a power of two, 16 to 256) for queries,
     keys and values, half or single precision, torch's flex attention importable with Triton, and no compile of it
     failed in this process for that dtype and head size in both forms."""
-    if q.device.type != "cuda" or {(q.dtype, q.shape[-1], form) for form in ("slopes", "table")} <= FAILED:
+    if q.device.type != "cuda" or {(q.dtype, q.shape[-1], form) for form in (*FORMS, "table")} <= FAILED:
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
@@ -107,36 +110,57 @@ def distance_table(bias, m: int, device: torch.device, heads: int) -> torch.Tens
     return row.flip(-1).float().expand(heads, m).contiguous()
 
 
-def linear_slopes(terms, device: torch.device, heads: int) -> torch.Tensor | None:
-    """``[heads]`` float32 where the one bias term is ``-slopes[h] |i - j|`` exactly (its ``distance_slopes``:
-    ALiBi's), else ``None`` (several terms, whose sum the table holds as the blockwise path adds it; or ``LINEAR``
-    off)."""
-    if not LINEAR or len(terms) != 1:
+def closed_form(terms, device: torch.device, heads: int) -> tuple[str, torch.Tensor, torch.Tensor | None] | None:
+    """``(form, a [heads], b [heads] or None)`` float32 where the one bias term is a closed form of the distance
+    (its ``distance_form``: ALiBi's ``("linear", slopes, None)``, KERPLE's ``("log" or "power", r1, r2)``), else
+    ``None`` (several terms, whose sum the table holds as the blockwise path adds it; or ``CLOSED_FORMS`` off)."""
+    if not CLOSED_FORMS or len(terms) != 1:
         return None
-    slopes = terms[0].distance_slopes(device)
-    return None if slopes is None else slopes.float().expand(heads).contiguous()
+    form = terms[0].distance_form(device)
+    if form is None:
+        return None
+    name, a, b = form
+    return name, *(None if t is None else t.float().expand(heads).contiguous() for t in (a, b))
+
+
+def _score_mod(table: torch.Tensor | None, form, offset: torch.Tensor):
+    """The score modification adding the bias at distance ``q_idx + offset - kv_idx`` (pairs the mask drops are
+    read at distance 0: never outside the table, never a logarithm of a negative number)."""
+    if form is None:
+        def from_table(score, b, h, q_idx, kv_idx):
+            return score + table[h, torch.clamp(q_idx + offset - kv_idx, min=0)]
+
+        return from_table
+    name, a, b = form
+    if name == "linear":  # (the same float32 product as the table's, -s * d)
+        def linear(score, b_, h, q_idx, kv_idx):
+            return score - a[h] * (q_idx + offset - kv_idx)
+
+        return linear
+
+    def kernel(score, b_, h, q_idx, kv_idx):
+        d = torch.clamp(q_idx + offset - kv_idx, min=0).to(torch.float32)
+        return score - a[h] * (torch.log1p(b[h] * d) if name == "log" else d.pow(b[h]))
+
+    return kernel
 
 
 def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    table: torch.Tensor | None = None, slopes: torch.Tensor | None = None):
+                    table: torch.Tensor | None = None, form: tuple | None = None):
     """Causal attention of ``q [b, h, n, d]`` (the last ``n`` of the ``m`` keys) over ``k, v [b, hk, m, d]`` (GQA
-    heads as they are) with ``table[h, i - j]`` (or ``-slopes[h] (i - j)``, one of the two given) added to each
+    heads as they are) with ``table[h, i - j]`` (or a closed ``form`` of ``i - j``, one of the two) added to each
     scaled score -> ``[b, h, n, d]`` in ``q``'s dtype; ``None`` where the compiled call fails here (then
     this form returns ``None`` for the rest of the process at this dtype and head size, after one warning: the
     caller's table form or blockwise path runs)."""
-    if (table is None) == (slopes is None):
-        raise ValueError("flex.distance_biased takes a bias table or slopes, one of the two")
-    failure = (q.dtype, q.shape[-1], "table" if slopes is None else "slopes")
+    if (table is None) == (form is None):
+        raise ValueError("flex.distance_biased takes a bias table or a closed form, one of the two")
+    if form is not None and form[0] not in FORMS:
+        raise ValueError(f"unknown closed form {form[0]!r} of the distance; valid forms: {', '.join(FORMS)}")
+    failure = (q.dtype, q.shape[-1], "table" if form is None else form[0])
     if failure in FAILED:
         return None
     block_mask, offset = _causal_mask(q.shape[2], k.shape[2], q.device)
-
-    if slopes is not None:
-        def score_mod(score, b, h, q_idx, kv_idx):  # (the same float32 product as the table's, -s * d)
-            return score - slopes[h] * (q_idx + offset - kv_idx)
-    else:
-        def score_mod(score, b, h, q_idx, kv_idx):  # (pairs the mask drops are read at distance 0: never outside)
-            return score + table[h, torch.clamp(q_idx + offset - kv_idx, min=0)]
+    score_mod = _score_mod(table, form, offset)
 
     flex_attention, _ = _flex()
     groups = q.shape[1] // k.shape[1]
@@ -150,6 +174,6 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         warnings.warn(f"rope_ext: the fused bias attention (flex attention through torch.compile) failed here "
                       f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); biases in "
                       f"{str(q.dtype).removeprefix('torch.')} with head size {q.shape[-1]} (read from "
-                      f"{'a table' if slopes is None else 'slopes'}) run another way from now on", RuntimeWarning,
-                      stacklevel=2)
+                      f"{'a table' if form is None else 'its ' + form[0] + ' form'}) run another way from now on",
+                      RuntimeWarning, stacklevel=2)
         return None

@@ -128,9 +128,10 @@ def run_plain(call: Call) -> torch.Tensor:
         acc = blocks.accumulator_for(call, q, k, v, bias)
         inference = type(acc) is Accumulator and not acc.dropout  # (not decode, not recorded for training)
         if of_distance and group.contiguous and far_limit is None and inference and n > 1 and flex.available(q, k, v):
-            # (CUDA: one fused call, see flex; ALiBi's from its slopes, else, or where that compile failed, a table)
-            slopes = flex.linear_slopes(call.program.of_type(Bias), q.device, q.shape[1])
-            out = None if slopes is None else flex.distance_biased(q, k, v, call.scale, slopes=slopes)
+            # (CUDA: one fused call, see flex; a closed form of the distance computed, else (or where that compile
+            # failed) read from a table)
+            form = flex.closed_form(call.program.of_type(Bias), q.device, q.shape[1])
+            out = None if form is None else flex.distance_biased(q, k, v, call.scale, form=form)
             if out is None:
                 out = flex.distance_biased(q, k, v, call.scale, flex.distance_table(bias, m, q.device, q.shape[1]))
             if out is not None:

@@ -110,8 +110,8 @@ class Bias(Term):
         """Whether the bias depends on the distance ``i - j`` alone (a term that does says so)."""
         return False
 
-    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:  # (ALiBi's: [h], float32)
-        return None  # (where the bias is -slopes[h] |i - j| exactly, else None)
+    def distance_form(self, device: torch.device) -> tuple[str, torch.Tensor, torch.Tensor | None] | None:
+        return None  # (where the bias is a closed form of the distance a fused kernel computes: flex.FORMS)
 
 
 class MethodTerm(Term):

@@ -318,8 +318,8 @@ class ShiftedBias(Bias):
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.term.key_bias(c + self.offset, k_pos + self.offset)
 
-    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:  # (a distance is the same moved)
-        return self.term.distance_slopes(device)
+    def distance_form(self, device: torch.device):  # (a distance is the same moved)
+        return self.term.distance_form(device)
 
 
 def run_over_kept_keys(call: Call, dropped: int) -> torch.Tensor:

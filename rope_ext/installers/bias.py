@@ -95,9 +95,14 @@ class PositionBias(Bias, MethodTerm):
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self._module(k_pos.device).key_bias(c, k_pos)
 
-    def distance_slopes(self, device: torch.device) -> torch.Tensor | None:
-        slopes = None if self.owned is not None else getattr(self._module(device), "distance_slopes", None)
-        return None if slopes is None else slopes().to(device=device, dtype=torch.float32)
+    def distance_form(self, device: torch.device) -> tuple[str, torch.Tensor, torch.Tensor | None] | None:
+        # (a learnable bias's module as trained: reached through the model, peft's trainable copy where it wraps it)
+        module = self.owned.module().layers[self.index] if self.owned is not None else self._module(device)
+        form = getattr(module, "distance_form", None)
+        if form is None:
+            return None
+        name, a, b = form()
+        return name, *(None if t is None else t.detach().to(device=device, dtype=torch.float32) for t in (a, b))
 
 
 class BiasInstaller(HookInstaller):

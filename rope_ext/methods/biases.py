@@ -107,10 +107,10 @@ class AlibiBias(nn.Module, KeyOnlyBias):
         slopes = self.slopes.to(device=q_pos.device, dtype=torch.float32)
         return -slopes[:, None, None] * distances(q_pos, k_pos)[None]  # [h, n, m]
 
-    def distance_slopes(self) -> torch.Tensor:
-        """``[h]`` float32: the bias is ``-slopes[h] |i - j|`` exactly (what a fused kernel computes from the distance
-        instead of reading a table; ``rope_ext.attention.flex``)."""
-        return self.slopes
+    def distance_form(self) -> tuple[str, torch.Tensor, None]:
+        """The bias is ``-slopes[h] |i - j|`` exactly: ``("linear", slopes [h], None)``, what a fused kernel computes
+        from the distance instead of reading a table (``rope_ext.attention.flex``)."""
+        return "linear", self.slopes, None
 
     def key_bias(self, c: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """For causal pairs ``-m (i - j) = m (j - c) - m (i - c)``: the key part ``m (j - c)`` -> ``[h, 1, m]``."""
@@ -183,6 +183,12 @@ class KerpleBias(nn.Module):
             return -r1 * torch.log1p(r2 * d)  # [h, n, m]
         r2 = _at_least(self.r2.float(), self.eps, 2.0)[:, None, None]
         return -r1 * d.pow(r2)
+
+    def distance_form(self) -> tuple[str, torch.Tensor, torch.Tensor]:
+        """``(form, r1 [h], r2 [h])`` as ``forward`` clamps them: the bias is ``-r1 log(1 + r2 d)`` or ``-r1 d^r2``
+        exactly, what a fused kernel computes from the distance instead of reading a table."""
+        return self.form, _at_least(self.r1.float(), self.eps), _at_least(
+            self.r2.float(), self.eps, None if self.form == "log" else 2.0)
 
 
 @register_method
