@@ -655,18 +655,15 @@ def test_a_bias_of_the_distance_runs_as_one_fused_call_equal_to_the_reference(fu
     else:  # (every layer: the whole batch, each padded row alone, then each chunk; the one-token chunk is decode)
         chunks = [c for c in range(0, L + 5, L // 2) if min(L + 5, c + L // 2) - c > 1]
         assert len(fused_here) == layers * (1 + 2 + len(chunks))
-        # ALiBi's and KERPLE's bias computed from the distance in the kernel, Sandwich's read from its table
-        forms = {"alibi": "linear", "kerple": "log", "kerple:form=power": "power", "sandwich": "table"}
-        assert {form for _, form in fused_here} == {forms[method.removesuffix(":factor=2")]}
+        # ALiBi's bias computed from the distance in the kernel, the others' read from their table
+        assert {form for _, form in fused_here} == {"linear" if method.startswith("alibi") else "table"}
 
 
-@pytest.mark.parametrize(("method", "form"), [("alibi", "linear"), ("alibi:factor=2", "linear"), ("kerple", "log"),
-                                            ("kerple:form=power", "power"), ("kerple:eps=0.5", "log")])
+@pytest.mark.parametrize(("method", "form"), [("alibi", "linear"), ("alibi:factor=2", "linear")])
 def test_a_closed_form_in_the_fused_call_gives_its_table_exactly(fused_here, monkeypatch, method, form):
-    """ALiBi's ``-s_h (i - j)`` and KERPLE's ``-r1 log(1 + r2 (i - j))`` and ``-r1 (i - j)^r2`` computed in the kernel
-    are the table's float32 values at every distance (KERPLE's parameters clamped at ``eps`` as its forward clamps
-    them): the logits are the same bits either way (``flex.CLOSED_FORMS`` off: the table), uncompiled here (a
-    compiled kernel may fuse a multiply and subtract: one rounding less)."""
+    """ALiBi's ``-s_h (i - j)`` computed in the kernel is the table's float32 value at every distance: the logits are
+    the same bits either way (``flex.CLOSED_FORMS`` off: the table), uncompiled here (a compiled kernel may fuse the
+    multiply and subtract: one rounding less)."""
     from rope_ext.attention import flex
 
     model = tiny_model("llama")
@@ -706,7 +703,7 @@ def test_a_failed_compile_sends_that_dtype_and_head_size_to_the_blockwise_path_w
     assert flex.FAILED == {(torch.float32, 16, "linear"), (torch.float32, 16, "table")} and len(compiles) == 2
     with pytest.raises(ValueError, match="a bias table or a closed form, one of the two"):
         flex.distance_biased(q, q, q, 0.25)
-    with pytest.raises(ValueError, match="unknown closed form 'cubic' of the distance; valid forms: linear, log, power"):
+    with pytest.raises(ValueError, match="unknown closed form 'cubic' of the distance; valid forms: linear"):
         flex.distance_biased(q, q, q, 0.25, form=("cubic", torch.ones(2), None))
 
 

@@ -11,10 +11,12 @@ Triton kernel), under a causal block mask: one call a layer, no bias in memory, 
 call's dtype. Inference on rows at positions ``0..m-1`` only (the queries the last ``n`` keys, no sliding window);
 everything else keeps the blockwise path.
 
-A bias that is a closed form of the distance ``d = i - j`` (its ``distance_form``, ``FORMS``: ALiBi's
-``-s_h d``, KERPLE's ``-r1_h log(1 + r2_h d)`` and ``-r1_h d^r2_h``) is computed from the distance in the kernel
-instead: the table's float32 values (the compiled kernel may fuse a multiply and subtract into one rounding), with no
-gather from memory per score.
+A bias that is a closed form of the distance ``d = i - j`` (its ``distance_form``, ``FORMS``: ALiBi's ``-s_h d``)
+is computed from the distance in the kernel instead: the table's float32 values (the compiled kernel may fuse the
+multiply and subtract into one rounding), with no gather from memory per score. KERPLE's ``-r1_h log(1 + r2_h d)``
+computed so was slower than its table on an H200 (the op at 16k 3.94x SDPA against 3.71x, 4.49x against 3.52x with
+one stage: a logarithm per score costs more than the gather; ``docs/results/cuda/h200_third``): KERPLE and
+Sandwich read their table.
 
 The first call compiles (seconds) for its shape; a call of another shape compiles once more, for every shape
 (``DYNAMIC``; the causal offset is a tensor). Where the
@@ -40,8 +42,8 @@ COMPILE = True
 DYNAMIC: bool | None = None
 #: a bias of the distance that is a closed form (``FORMS``) computed in the kernel (False: read from its table)
 CLOSED_FORMS = True
-#: the closed forms of the distance ``d`` a kernel computes, ``(a, b) [h]`` per head: ALiBi's and KERPLE's two
-FORMS = ("linear", "log", "power")
+#: the closed forms of the distance ``d`` a kernel computes, ``(a, b) [h]`` per head: ALiBi's ``-a d``
+FORMS = ("linear",)
 #: ``(dtype, head size, form)`` whose compiled call failed in this process, form one of ``FORMS`` or ``"table"``
 #: (the blockwise path runs for them instead; on an H200 flex's default options compiled the one and not the other)
 FAILED: set[tuple[torch.dtype, int, str]] = set()
@@ -49,6 +51,10 @@ FAILED: set[tuple[torch.dtype, int, str]] = set()
 #: compile on an H200 (the kernel asked for 240 KiB of shared memory, the chip has 227); of the options tried there
 #: (``docs/results/cuda/flex_configs.json``) these compiled and ran fastest
 KERNEL_OPTIONS: dict | None = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1, "num_warps": 4}
+#: a form's own options where they differ: on an H200 (bf16, 16k, static shapes) two stages ran ALiBi's closed form
+#: 7% faster at the op (2.10x SDPA against 2.26x) and 5% faster in the whole model (1.46x against 1.53x at 16k, 1.59x
+#: against 1.69x at 32k), and the table 5% slower (3.71x against 3.52x; ``docs/results/cuda/h200_third``)
+FORM_OPTIONS: dict[str, dict] = {"linear": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4}}
 
 
 def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -112,7 +118,7 @@ def distance_table(bias, m: int, device: torch.device, heads: int) -> torch.Tens
 
 def closed_form(terms, device: torch.device, heads: int) -> tuple[str, torch.Tensor, torch.Tensor | None] | None:
     """``(form, a [heads], b [heads] or None)`` float32 where the one bias term is a closed form of the distance
-    (its ``distance_form``: ALiBi's ``("linear", slopes, None)``, KERPLE's ``("log" or "power", r1, r2)``), else
+    (its ``distance_form``: ALiBi's ``("linear", slopes, None)``), else
     ``None`` (several terms, whose sum the table holds as the blockwise path adds it; or ``CLOSED_FORMS`` off)."""
     if not CLOSED_FORMS or len(terms) != 1:
         return None
@@ -125,24 +131,18 @@ def closed_form(terms, device: torch.device, heads: int) -> tuple[str, torch.Ten
 
 def _score_mod(table: torch.Tensor | None, form, offset: torch.Tensor):
     """The score modification adding the bias at distance ``q_idx + offset - kv_idx`` (pairs the mask drops are
-    read at distance 0: never outside the table, never a logarithm of a negative number)."""
+    read at distance 0: never outside the table)."""
     if form is None:
         def from_table(score, b, h, q_idx, kv_idx):
             return score + table[h, torch.clamp(q_idx + offset - kv_idx, min=0)]
 
         return from_table
-    name, a, b = form
-    if name == "linear":  # (the same float32 product as the table's, -s * d)
-        def linear(score, b_, h, q_idx, kv_idx):
-            return score - a[h] * (q_idx + offset - kv_idx)
+    _, a, _ = form
 
-        return linear
+    def linear(score, b, h, q_idx, kv_idx):  # (the same float32 product as the table's, -s * d)
+        return score - a[h] * (q_idx + offset - kv_idx)
 
-    def kernel(score, b_, h, q_idx, kv_idx):
-        d = torch.clamp(q_idx + offset - kv_idx, min=0).to(torch.float32)
-        return score - a[h] * (torch.log1p(b[h] * d) if name == "log" else d.pow(b[h]))
-
-    return kernel
+    return linear
 
 
 def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -168,7 +168,7 @@ def distance_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
     try:
         return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=groups > 1,
-                           kernel_options=KERNEL_OPTIONS)
+                           kernel_options=FORM_OPTIONS.get(failure[2], KERNEL_OPTIONS))
     except Exception as error:  # (torch.compile's errors have no common class)
         FAILED.add(failure)
         warnings.warn(f"rope_ext: the fused bias attention (flex attention through torch.compile) failed here "

@@ -96,9 +96,7 @@ class PositionBias(Bias, MethodTerm):
         return self._module(k_pos.device).key_bias(c, k_pos)
 
     def distance_form(self, device: torch.device) -> tuple[str, torch.Tensor, torch.Tensor | None] | None:
-        # (a learnable bias's module as trained: reached through the model, peft's trainable copy where it wraps it)
-        module = self.owned.module().layers[self.index] if self.owned is not None else self._module(device)
-        form = getattr(module, "distance_form", None)
+        form = None if self.owned is not None else getattr(self._module(device), "distance_form", None)
         if form is None:
             return None
         name, a, b = form()

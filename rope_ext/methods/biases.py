@@ -184,12 +184,6 @@ class KerpleBias(nn.Module):
         r2 = _at_least(self.r2.float(), self.eps, 2.0)[:, None, None]
         return -r1 * d.pow(r2)
 
-    def distance_form(self) -> tuple[str, torch.Tensor, torch.Tensor]:
-        """``(form, r1 [h], r2 [h])`` as ``forward`` clamps them: the bias is ``-r1 log(1 + r2 d)`` or ``-r1 d^r2``
-        exactly, what a fused kernel computes from the distance instead of reading a table."""
-        return self.form, _at_least(self.r1.float(), self.eps), _at_least(
-            self.r2.float(), self.eps, None if self.form == "log" else 2.0)
-
 
 @register_method
 @dataclass(frozen=True)
