@@ -20,7 +20,7 @@ import pytest
 import torch
 from conformance import ORIGINAL, VOCAB, model_types, tiny_config, tiny_model
 from tiny import patched_dispatched
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
 import rope_ext
 from rope_ext.attention.program import QueryScale
@@ -30,26 +30,19 @@ from rope_ext.installers.rotary import RopeExtRotaryEmbedding
 
 #: types the tiny recipe cannot build yet -> words of the error (the recipe's gap, not rope_ext's)
 NOT_BUILT = {
-    "blt": "the tiny recipe leaves",
-    "dots3_note": "mlp_layer_types",  # (a composite whose text part keeps its 46-layer MLP pattern)
-    "dots3_note_text": "the tiny recipe leaves",  # (its sliding layers' per-layer sizes stay large)
-    "gemma3": "the tiny recipe leaves",
     "gemma3n": "timm",
-    "longcat_flash": "the tiny recipe leaves",
-    "phi4_multimodal": "the tiny recipe leaves",
-    "qwen4_exp": "unsupported operand",
-    "qwen4_exp_text": "unsupported operand",
-    "recurrent_gemma": "get_seq_length",
 }
 #: types whose tiny model's logits do not depend on positions at initialisation (a method cannot move them)
 POSITION_FREE = ("zaya",)  # (its CCA attention at init: logits equal at positions 0..23 and 0, 5, ..., 115)
 #: types whose tiny model runs no padded batch of two even unpatched (the recipe's MLA sizes: a shape error)
-NO_PADDED_BATCH: tuple[str, ...] = ()
+NO_PADDED_BATCH: tuple[str, ...] = ()  # (none since MLA keeps as many key heads as query heads)
 #: types whose frequency methods are refused -> words of the one-line reason (issue 35's families that are not a
 #: table row: a p-RoPE checkpoint without its original length)
-FREQUENCY_REFUSED: dict[str, str] = {}  # (none since M-RoPE and proportional RoPE take them)
+FREQUENCY_REFUSED: dict[str, str] = {  # (Recurrent Gemma's config states no context length: a method's
+    "recurrent_gemma": "gives no original context length",  # original_max_position_embeddings must)
+}
 #: of those, the refusals a checkpoint's config decides (the family's listing keeps the method)
-CHECKPOINT_REFUSED: tuple[str, ...] = ()
+CHECKPOINT_REFUSED: tuple[str, ...] = ("recurrent_gemma",)
 #: types whose tiny model refuses the attention rewrites and biases its family's support lists -> the reason's words
 #: (what a checkpoint's layers allow: NoPE full layers beside sliding ones; every layer sliding)
 RULE_REFUSED: dict[str, str] = {
@@ -68,7 +61,12 @@ def _cache_distance(model: torch.nn.Module, ids: torch.Tensor, full: torch.Tenso
     """How far the last token's logits decoded on the cache of the rest are from the full forward's."""
     with torch.no_grad():
         prefix = model(ids[:, :-1], use_cache=True)
-        step = model(ids[:, -1:], past_key_values=prefix.past_key_values, use_cache=True).logits
+        cache = getattr(prefix, "past_key_values", None)
+        if cache is None:  # (Recurrent Gemma returns no cache: its recurrent state set up anew, its cache given)
+            model.model._setup_cache(model.config, ids.shape[0], ids.device, torch.float32)
+            cache = DynamicCache(config=model.config)
+            model(ids[:, :-1], past_key_values=cache, use_cache=True)
+        step = model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
     return (step[:, -1] - full[:, -1]).abs().max().item()
 
 
@@ -301,7 +299,7 @@ def test_rope_ext_families_says_why_a_family_is_refused(monkeypatch):
 
     lines = listing()
     assert lines[0].startswith("family (model types)") and "(a family refused: why)" in lines[0]
-    qwen = next(line for line in lines if line.startswith("qwen3_5 (qwen3_5, qwen3_5_text)"))
+    qwen = next(line for line in lines if line.startswith("qwen3_5 "))  # (its types alike, one line)
     assert "hooks: frequency; methods: dynamic_ntk, dynamic_yarn, llama3, longrope, ntk, ntk_by_parts, pi, yarn" in qwen
     assert not any("refused" in line for line in lines[1:])
     measured = RotaryFamily.rotary_refused
@@ -535,7 +533,8 @@ def test_replace_scaling_on_a_method_without_a_frequency_part_is_said_not_ignore
         with rope_ext.patched(model, spec):
             plain = _logits(model, ids)
         with pytest.warns(UserWarning, match=rf"^rope_ext: replace_scaling has no effect on {spec}: only a frequency "
-                                             "method replaces the checkpoint's own RoPE scaling$"):
+                                             r"method replaces the checkpoint's own RoPE scaling \(and a temperature "
+                                             r"Ministral 3's llama_4_scaling_beta\)$"):
             with rope_ext.patched(model, spec, replace_scaling=True):
                 assert torch.equal(_logits(model, ids), plain)
         with warnings.catch_warnings():

@@ -30,7 +30,7 @@ def is_attention(module: nn.Module) -> bool:
 def dispatches_through_interface(cls: type) -> bool:
     """Whether an attention class's forward calls the function ``AttentionInterface`` holds for the config's
     implementation (Falcon's picks SDPA or eager itself, so a registered function would never run)."""
-    return "ALL_ATTENTION_FUNCTIONS" in (_source(cls.forward) or "")
+    return "ALL_ATTENTION_FUNCTIONS" in (source_of(cls.forward) or "")
 
 
 def sliding_window(module: nn.Module) -> int | None:
@@ -93,7 +93,7 @@ def softmax_scale_rule(cls: type):
     import sys
 
     rule = getattr(sys.modules.get(cls.__module__), "yarn_apply_mscale", None)
-    calls = "yarn_apply_mscale(" in (_source(cls.__init__) or "")
+    calls = "yarn_apply_mscale(" in (source_of(cls.__init__) or "")
     return rule if calls and callable(rule) else None
 
 
@@ -141,7 +141,7 @@ def rotation_refused(cls: type) -> str | None:
                 "its attention applies rotary positions in a pair layout of its own (not HF's rotate_half), which "
                 "rope_ext's attention-time rotation does not reproduce"
             )
-    source = _source(cls.forward)
+    source = source_of(cls.forward)
     if source is None:
         return None
     if any(_changed_after_rotation(source, name) for name in ("query", "key")):
@@ -189,7 +189,7 @@ def _rotation_condition(source: str) -> str | None:
     return None
 
 
-def _source(function) -> str | None:
+def source_of(function) -> str | None:
     """The source of a function, a class's ``forward`` or ``__init__`` (``None``: not readable)."""
     try:
         return inspect.getsource(function)
@@ -207,12 +207,13 @@ def program_refused(cls: type) -> str | None:
     """Why no attention program may run in this attention class (``None``: one may), read off its code: it holds a
     rotary module per layer (Moshi), rotates under a condition ``applies_rope`` does not read (AFMoE and Flint rotate
     their sliding layers only: a bias or query scale would land on layers without positions), or its forward passes
-    the attention function learned sinks (``s_aux``: gpt-oss, Granite SWA) or a mask of its own instead of the one it
-    was given (Doge's dynamic mask), none of which rope_ext's attention takes."""
-    if "RotaryEmbedding(" in (_source(cls.__init__) or ""):
+    the attention function learned sinks (``s_aux``: gpt-oss, Granite SWA), a sparse indexer's keys (``indices``:
+    DeepSeek-V3.2) or a mask of its own instead of the one it was given (Doge's dynamic mask), none of which
+    rope_ext's attention takes."""
+    if "RotaryEmbedding(" in (source_of(cls.__init__) or ""):
         return ("each of its attention layers holds a rotary module of its own (Moshi's), where rope_ext's attention "
                 "rewrites take the one module the model shares; methods that rewrite attention are refused for it")
-    source = _source(cls.forward)
+    source = source_of(cls.forward)
     if source is None:
         return None
     condition = _rotation_condition(source)
@@ -226,6 +227,10 @@ def program_refused(cls: type) -> str | None:
     if re.search(r"\bs_aux\s*=", call):
         return ("its attention adds learned sinks to the softmax (s_aux), which rope_ext's attention does not "
                 "implement; methods that rewrite attention are refused for it")
+    if re.search(r"\bindices\s*=", call):
+        return ("its attention attends to the keys a sparse indexer selects (DeepSeek Sparse Attention: the indexer's "
+                "top-k keys, as indices or a mask of its own), which rope_ext's attention does not implement; methods "
+                "that rewrite attention are refused for it")
     if re.search(r"\battention_mask\s*=\s*(?!attention_mask\b)\w", call):
         return ("its attention passes the attention function a mask of its own making (not the padding and causal "
                 "mask it was given), which rope_ext's attention does not take; methods that rewrite attention are "

@@ -28,6 +28,7 @@ from rope_ext.families.attention import (
     dispatches_through_interface,
     program_refused,
     rotation_refused,
+    source_of,
 )
 from rope_ext.families.base import FamilyAdapter, derives_from, modules_outside_rope_ext, register_family
 from rope_ext.families.support import Refusals
@@ -104,18 +105,31 @@ class RotaryFamily(FamilyAdapter):
         if AttentionSite.kind not in self.site_kinds:
             return found
         rotation = next(filter(None, map(rotation_refused, self.attention_classes)), None)
-        program = next(filter(None, map(program_refused, self.attention_classes)), None)
+        program = next(filter(None, map(program_refused, self.attention_classes)), self._several_rotaries())
         sites = found.sites if program is None else {**found.sites, AttentionSite.kind: program}
         return Refusals(sites, rotation)
+
+    def _several_rotaries(self) -> str | None:
+        """Why no attention program runs where several classes of the modeling module each build a rotary module
+        (BLT's patcher, local encoder, global transformer and local decoder): ``locate`` finds no one rotation."""
+        modeling = importlib.import_module(self.module)
+        builds = f"{self.class_name}("
+        builders = sorted(name for name, c in inspect.getmembers(modeling, inspect.isclass)
+                          if c.__module__ == modeling.__name__ and builds in (source_of(c.__init__) or ""))
+        if len(builders) < 2:
+            return None
+        return (f"its model holds several rotary modules (one in each of {', '.join(builders)}), where rope_ext's "
+                "attention rewrites take the one module the model shares; methods that rewrite attention are refused "
+                "for it")
 
     def rotary_refused(self, model_type: str) -> str | None:
         """Why the family's rotary module is not standard RoPE, measured on one built from the model type's default
         config, as ``patch`` measures a model's (``RotarySite``'s convention check: its cos/sin against
         ``cat(freqs, freqs)``); ``None``: it is, or no module could be built from the default config (then ``patch``
         measures the model's own)."""
-        from rope_ext.families.support import config_class_of
-
         from transformers.utils import logging
+
+        from rope_ext.families.support import config_class_of
 
         config_class = config_class_of(model_type)
         verbosity = logging.get_verbosity()
@@ -124,7 +138,9 @@ class RotaryFamily(FamilyAdapter):
             config = config_class().get_text_config()
             module = getattr(importlib.import_module(self.module), self.class_name)(config=config)
         except Exception:  # noqa: BLE001  (a rotary class built otherwise: the model's own is measured when patching)
-            return None
+            # (one whose default config gives it no rope parameters, Cohere Compass's: its M-RoPE read off its code)
+            rotary_class = getattr(importlib.import_module(self.module), self.class_name)
+            return MROPE_REFUSAL if "mrope_section" in (source_of(rotary_class.__init__) or "") else None
         finally:
             logging.set_verbosity(verbosity)
         site = RotarySite(self.name, module, "", module, self.default_layer_types, self.native_rope_types)

@@ -32,46 +32,57 @@ MROPE = "mrope"
 
 
 @contextlib.contextmanager
-def called_with(module: nn.Module, inv_freq: torch.Tensor, attention_factor) -> Iterator[nn.Module]:
+def called_with(module: nn.Module, inv_freq: torch.Tensor, attention_factor, layer_type: str | None = None
+                ) -> Iterator[nn.Module]:
     """``module`` reading ``inv_freq`` and ``attention_factor`` in place of its own ``inv_freq`` buffer and
-    ``attention_scaling`` (its rope type read as ``default``, so that a dynamic type's update does not replace
-    them), put back on leaving."""
-    kept = module._buffers["inv_freq"], module.__dict__.get("attention_scaling"), module.__dict__.get("rope_type")
-    module._buffers["inv_freq"] = inv_freq
-    module.__dict__["attention_scaling"] = attention_factor
+    ``attention_scaling`` (``{layer_type}_inv_freq`` and ``{layer_type}_attention_scaling`` where it keeps them per
+    layer type: Cohere Compass's), its rope type read as ``default`` (so that a dynamic type's update does not
+    replace them), put back on leaving."""
+    prefix = f"{layer_type}_" if layer_type is not None and f"{layer_type}_inv_freq" in module._buffers else ""
+    buffer, scaling = f"{prefix}inv_freq", f"{prefix}attention_scaling"
+    kept = module._buffers[buffer], module.__dict__.get(scaling), module.__dict__.get("rope_type")
+    module._buffers[buffer] = inv_freq
+    module.__dict__[scaling] = attention_factor
     if kept[2] is not None:
-        module.__dict__["rope_type"] = "default"
+        module.__dict__["rope_type"] = {**kept[2], layer_type: "default"} if isinstance(kept[2], dict) else "default"
     try:
         yield module
     finally:
-        module._buffers["inv_freq"] = kept[0]
-        module.__dict__["attention_scaling"] = kept[1]
+        module._buffers[buffer] = kept[0]
+        module.__dict__[scaling] = kept[1]
         if kept[2] is not None:
             module.__dict__["rope_type"] = kept[2]
 
 
-def _mrope_layout(site, layout: str, frequency: bool) -> str:
+def call(module: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None) -> Any:
+    """``module(x, position_ids)``, with the layer type where one is given."""
+    return module(x, position_ids) if layer_type is None else module(x, position_ids, layer_type)
+
+
+def _mrope_layout(site, layout: str, frequency: bool, layer_type: str | None) -> str:
     """``MROPE`` where a frequency method (``frequency``) can patch the multimodal rotary module through itself:
     the module on text positions is standard RoPE (``layout``, measured with its own frequencies: ``cat``) and
     reads a probe ``inv_freq`` and attention factor given in place of its own. Refused otherwise, and for every
     other kind of method."""
     module = site.module
+    section = module.mrope_section
+    section = section.get(layer_type) if isinstance(section, dict) else section  # (per layer type: Cohere Compass's)
     words = (f"{site.family}: the model's rotary embedding is multimodal RoPE (M-RoPE, mrope_section="
-             f"{list(module.mrope_section)}): its frequencies are split among three position streams (time, height, "
-             "width)")
+             f"{list(section or ())}): its frequencies are split among three position streams (time, height, width)")
     if not frequency:
         raise ValueError(f"{words}, which rope_ext's attention methods and biases do not take (they rotate or place "
                          "by one position stream); frequency methods (yarn, pi, ntk, ...) patch it")
-    if layout != "cat" or not isinstance(module._buffers.get("inv_freq"), torch.Tensor):
+    buffer = f"{layer_type}_inv_freq" if f"{layer_type}_inv_freq" in module._buffers else "inv_freq"
+    if layout != "cat" or not isinstance(module._buffers.get(buffer), torch.Tensor):
         raise ValueError(f"{words}, and its tables on text are not cat(freqs, freqs) from an inv_freq buffer; "
                          "rope_ext cannot patch this model's RoPE variant")
     device, kept = frequency_placement(module)
-    probe = (module._buffers["inv_freq"].float() * 0.5).to(kept)
+    probe = (module._buffers[buffer].float() * 0.5).to(kept)
     positions = torch.arange(0, 64, 4, device=device)[None]
     state = _snapshot(module)
     try:
-        with called_with(module, probe, 1.25):
-            cos, sin = module(torch.zeros(1, device=device), positions)
+        with called_with(module, probe, 1.25, layer_type):
+            cos, sin = call(module, torch.zeros(1, device=device), positions, layer_type)
     finally:
         _restore(module, state)
     expected_cos, expected_sin = rope_cos_sin(positions, probe.float(), 1.25, "cat")
@@ -92,14 +103,14 @@ def measured_layout(site, layer_type: str | None, params: dict[str, Any], spec: 
 
     This catches a family (or checkpoint) whose rotary module follows another convention, so it is
     refused instead of silently mis-patched. A multimodal one (``mrope_section``) gives ``MROPE`` for a
-    ``frequency`` method (``_mrope_layout``), a refusal for any other. The expected frequencies are rounded to the dtype the module
-    keeps them in (a model cast to bf16 after loading holds a bf16 ``inv_freq``), so the comparison is
+    ``frequency`` method (``_mrope_layout``), a refusal for any other. The expected frequencies are rounded to the
+    dtype the module keeps them in (a model cast to bf16 after loading holds a bf16 ``inv_freq``), so the comparison is
     exact up to float32 arithmetic, whatever the model's dtype. Positions stay inside the original
     context, and the module's state is put back afterwards (dynamic rope types update it on a call).
     """
     layout = _standard_layout(site, layer_type, params, spec)
     if getattr(site.module, "mrope_section", None) is not None:  # (Qwen2-VL's and Qwen3.5's: 3 position streams)
-        return _mrope_layout(site, layout, frequency)
+        return _mrope_layout(site, layout, frequency, layer_type)
     return layout
 
 

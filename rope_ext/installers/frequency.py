@@ -112,10 +112,13 @@ class FrequencyInstaller(HookInstaller):
             if rule is None:
                 continue
             for layer in attention.layers:
-                if layer.layer_type not in native or not isinstance(getattr(layer.module, "scaling", None), float):
+                # (one rotation for every layer where the rope parameters are not per layer type: DeepSeek-V3.2's
+                # layers are typed by their indexer, not by their rotation)
+                key = layer.layer_type if layer.layer_type in native else None
+                if key not in native or not isinstance(getattr(layer.module, "scaling", None), float):
                     continue
-                new = native[layer.layer_type] or {}
-                before, after = rule(site.params(layer.layer_type), 1.0), rule({"rope_type": "default", **new}, 1.0)
+                new = native[key] or {}
+                before, after = rule(site.params(key), 1.0), rule({"rope_type": "default", **new}, 1.0)
                 if after != before:
                     builder.edit(layer.module, "scaling", layer.module.scaling / before * after)
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from rope_ext.installers.base import PlanBuilder, RopeExtModule, Site
-from rope_ext.installers.convention import MROPE, called_with, frequency_placement, measured_layout
+from rope_ext.installers.convention import MROPE, call, called_with, frequency_placement, measured_layout
 from rope_ext.methods import FrequencyConfig, RotarySpec
 from rope_ext.methods.base import check_length_within
 from rope_ext.methods.frequency import default_inv_freq
@@ -137,8 +137,8 @@ class RopeExtRotaryEmbedding(RopeExtModule):
             return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
         inv_freq, attention_factor = self.frequencies(position_ids, layer_type, x.device)
         if layout == MROPE:  # (its streams' positions and sections: the module's own, with these frequencies)
-            with called_with(self.original, inv_freq, attention_factor) as original:
-                return original(x, position_ids)
+            with called_with(self.original, inv_freq, attention_factor, layer_type) as original:
+                return call(original, x, position_ids, layer_type)
         cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor, layout)
         if layout == "complex":  # (one complex table, float32 as the module's own: cos + i sin)
             return torch.complex(cos, sin)
