@@ -17,6 +17,7 @@ import pytest
 import torch
 from conformance import model_types
 from test_attention import FAMILIES, IDS, METHODS, L, _PathSpy, reference
+from test_eval import _cli, tiny_checkpoint  # noqa: F401  (the fixture: a tiny Llama saved with a tokenizer)
 from tiny import input_ids, tiny_model
 
 import rope_ext
@@ -463,3 +464,26 @@ def test_every_found_family_that_takes_attention_rewrites_runs_them_on_cuda(mode
     # (float32: the fast path's blockwise merge on CUDA rounds up to 2.006x the reference's own distance, Gemma 3's
     # on an H200, where the noise is 2e-7; four times it still lies far from the unpatched model)
     _within_twice_the_reference(*runs, dtype, record_property, times=4 if dtype == torch.float32 else 2)
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_rope_ext_eval_runs_on_the_gpu(device, tmp_path, tiny_checkpoint):
+    """``rope-ext eval ppl --device cuda`` (and ``auto``: accelerate's device map) gives the CPU's perplexities within
+    float32 noise (TF32 off: a relative 1e-4), and passkey runs there; the folder records the device."""
+    import json
+
+    from rope_ext.cli import main
+
+    if not ON_CUDA:
+        pytest.skip("runs the evaluation on CUDA")
+    checkpoint, text = tiny_checkpoint
+    assert _cli(tmp_path / "cpu", checkpoint, text, "--no-plot") == 0
+    assert _cli(tmp_path / "gpu", checkpoint, text, "--no-plot", "--device", device) == 0
+    cpu, gpu = (json.loads((tmp_path / where / "run" / "ppl.json").read_text()) for where in ("cpu", "gpu"))
+    assert gpu["run"]["device"] == device
+    for a, b in zip(cpu["summary"], gpu["summary"], strict=True):
+        assert (a["method"], a["length"]) == (b["method"], b["length"])
+        assert abs(a["perplexity"] - b["perplexity"]) <= 1e-4 * a["perplexity"], (a, b)
+    assert main(["eval", "passkey", "--model", str(checkpoint), "--lengths", "64", "--depths", "0.5", "--trials", "1",
+                 "--methods", "none,yarn:factor=2", "--out", str(tmp_path / "passkey"), "--device", device,
+                 "--no-plot"]) == 0

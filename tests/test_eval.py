@@ -707,3 +707,41 @@ def test_cli_evaluates_a_folder_saved_while_patched_from_the_unpatched_model(tmp
     assert main([*args, "--model", str(checkpoint), "--out", str(tmp_path / "b")]) == 0
     a, b = (json.loads((tmp_path / d / "ppl.json").read_text())["summary"] for d in ("a", "b"))
     assert [r["perplexity"] for r in a] == [r["perplexity"] for r in b]  # same weights, same numbers
+
+
+def test_device_is_checked_before_the_model_loads_and_a_dispatched_model_gives_the_same_results(
+        tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    """``--device``: a malformed one is refused naming the forms, one this machine lacks naming those it has, both
+    before anything loads or is written; ``auto`` (accelerate's device map; here only the CPU) scores as the model
+    whole on its device, and the folder records a device other than the CPU (a CPU run does not resume it)."""
+    from rope_ext.runs import devices
+
+    checkpoint, text = tiny_checkpoint
+    assert _cli(tmp_path, checkpoint, text, "--device", "gpu") == 2
+    assert "argument --device: unknown device 'gpu'; give one of cpu, cuda, cuda:N, mps, auto" in capsys.readouterr().err
+    here = devices.devices_here()
+    missing = "cuda:7" if "cuda:7" not in here else "mps"
+    assert _cli(tmp_path, checkpoint, text, "--device", missing) == 2
+    err = capsys.readouterr().err
+    assert f"--device {missing}: this machine has no such device" in err and f"here: {', '.join(here)}\n" in err
+    assert not (tmp_path / "run").exists()
+    assert _cli(tmp_path, checkpoint, text, "--no-plot") == 0
+    on_cpu = json.loads((tmp_path / "run" / "ppl.json").read_text())
+    assert "device" not in on_cpu["run"]
+    dispatched = []
+    placed = devices.placed
+    monkeypatch.setattr(devices, "devices_here", lambda: ["cpu", "auto"])
+    monkeypatch.setattr("rope_ext.eval.plan.placed", lambda model, device: dispatched.append(device) or placed(
+        model, device))
+    out = tmp_path / "auto"
+    assert main(["eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--min-tokens", "0",
+                 "--lengths", "32,64,128", "--target-tokens", "16", "--methods", "none,yarn:factor=4",
+                 "--out", str(out), "--device", "auto", "--no-plot"]) == 0
+    assert dispatched == ["auto"]
+    on_auto = json.loads((out / "ppl.json").read_text())
+    assert on_auto["run"]["device"] == "auto"
+    assert [r["perplexity"] for r in on_auto["summary"]] == [r["perplexity"] for r in on_cpu["summary"]]
+    assert main(["eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--min-tokens", "0",
+                 "--lengths", "32,64,128", "--target-tokens", "16", "--methods", "none", "--out", str(out),
+                 "--no-plot"]) == 2
+    assert "(differs in: device: 'auto' before, None now)" in capsys.readouterr().err

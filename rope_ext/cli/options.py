@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from rope_ext.runs.devices import parse_device
 from rope_ext.runs.folder import writable_folder
 from rope_ext.runs.specs import parse_methods
 from rope_ext.runs.values import (
@@ -250,6 +251,11 @@ def add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: st
         help="comma-separated layer types to patch on models with several (Gemma 3: default full_attention)",
     )
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument(
+        "--device", type=option(parse_device), default="cpu",
+        help="where the model runs: cpu, cuda, cuda:N, mps, or auto (accelerate's device map: the model spread over "
+        "the GPUs, then the CPU) (default: cpu)",
+    )
     parser.add_argument(
         "--threads", type=int_at_least(0, MAX_THREADS), default=0, help="torch threads (default 0: torch's choice)"
     )

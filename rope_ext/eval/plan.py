@@ -16,6 +16,7 @@ import torch
 
 from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
 from rope_ext.eval.run import plan_targets, target_ends
+from rope_ext.runs.devices import check_device, placed
 from rope_ext.runs.folder import resolved
 from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
 from rope_ext.runs.saved import keep_saved_patch
@@ -26,6 +27,8 @@ def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, int | None]
     patched is unpatched first (its patch kept for the spec ``saved``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = getattr(args, "device", "cpu")
+    check_device(device)  # (before the model loads)
     try:
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
     except (MissingTokenizer, UnfinishedRun) as error:
@@ -39,6 +42,7 @@ def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, int | None]
             f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
             "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
         ) from None
+    model = placed(model, device)
     check_protocol(args, model, tokenizer)
     saved = keep_saved_patch(model, getattr(args, "methods", {}))
     if saved:  # a folder saved while patched: every method starts from the unpatched model, 'saved' re-applies it
@@ -85,10 +89,14 @@ def model_label(model: str) -> str:
 
 
 def common_run_config(args: argparse.Namespace, native: int) -> dict:
+    """What every evaluation's folder records (the device where it is not the CPU: a folder of CPU results resumes
+    only on the CPU, and one of a GPU's only there)."""
+    device = getattr(args, "device", "cpu")
     return {
         "model": resolved(args.model),
         "model_name": model_label(args.model),
         "dtype": args.dtype,
+        **({"device": device} if device != "cpu" else {}),
         "native_context": native,
         "site_options": site_options_of(args),
     }
