@@ -30,7 +30,9 @@ from rope_ext.cli.options import (
     nonempty,
     option,
     parse_depths,
+    percent,
     seed,
+    task_list,
     writable_folder,
 )
 from rope_ext.eval.plan import DEFAULT_STRIDE, DEFAULT_TARGET_TOKENS, PROTOCOLS
@@ -117,6 +119,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     passkey.add_argument("--seed", type=option(seed), default=0, help="chooses the keys (default: %(default)s)")
     passkey.set_defaults(func=command("evaluate", "cmd_eval_passkey"))
+
+    ruler = evaluate.add_parser("ruler", help="RULER's synthetic tasks (needles, variable tracking, common and "
+                                "frequent words), offline")
+    add_model_options(ruler, "none,yarn:factor=2", "4k,8k", "results/ruler")
+    ruler.add_argument(
+        "--tasks", type=option(task_list), default="all",
+        help="comma-separated RULER tasks, or all: niah_single_1..3, niah_multikey_1..3, niah_multivalue, "
+        "niah_multiquery, vt, cwe, fwe (default: all)",
+    )
+    ruler.add_argument(
+        "--trials", type=int_at_least(1, MAX_TRIALS), default=5, help="samples per task and length (default: "
+        "%(default)s)"
+    )
+    ruler.add_argument(
+        "--depths", type=option(parse_depths), default="0,0.25,0.5,0.75,1", help="the single-needle tasks' needle "
+        "depths in [0, 1], one per trial in turn: the heatmap's rows (default: %(default)s)"
+    )
+    ruler.add_argument(
+        "--threshold", type=option(percent), default=None, help="the score (0-100) a length must keep for the "
+        "effective length (default: the unpatched model's average at the shortest length; RULER's is 85.6)"
+    )
+    ruler.add_argument(
+        "--text-files", nargs="+", type=option(file_list),
+        help="plain-text files for the haystack of the text tasks (RULER's essays; default: the King James Bible)"
+    )
+    ruler.add_argument("--seed", type=option(seed), default=0, help="chooses the samples (default: %(default)s)")
+    ruler.set_defaults(func=command("evaluate", "cmd_eval_ruler"))
 
     tune = sub.add_parser(
         "finetune", parents=[config_parser(FinetuneConfig)], help="fine-tune a patched model for a longer context (LoRA via peft, PoSE, S2-Attn; accelerate)",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rope_ext.cli.options import joined
 from rope_ext.eval.data import check_text_files, load_documents, tokenize_documents
+from rope_ext.eval.intervals import wilson
 from rope_ext.eval.passkey import ANSWER_POSITIONS, prompt_overhead
 from rope_ext.eval.plan import (
     PPL_LABELS,
@@ -21,7 +22,7 @@ from rope_ext.eval.plan import (
     same_targets_config,
     site_options_of,
 )
-from rope_ext.eval.plot import plot_run
+from rope_ext.eval.plot import RESULTS_FILES, plot_run
 from rope_ext.eval.run import (
     added_lengths_problem,
     check_methods,
@@ -31,7 +32,7 @@ from rope_ext.eval.run import (
     run_perplexity,
 )
 from rope_ext.families.base import find_family
-from rope_ext.runs.folder import holds_model, normalised, writable_folder
+from rope_ext.runs.folder import holds_model, normalised, resolved, writable_folder
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.runs.specs import parse_methods
@@ -88,10 +89,12 @@ def print_table(rows: list[dict], value: str, fmt: str, title: str) -> None:
     lengths = sorted({row["length"] for row in rows})
     cell = {(row["method"], row["length"]): row[value] for row in rows}
     width = max(12, *(len(m) for m in methods))
-    print(f"{'method':{width}s} " + " ".join(f"{L:>8d}" for L in lengths))
+    column = max(8, *(len(format(v, fmt)) for v in cell.values() if v is not None))
+    print(f"{'method':{width}s} " + " ".join(f"{L:>{column}d}" for L in lengths))
     for method in methods:
         values = [cell.get((method, L)) for L in lengths]
-        print(f"{method:{width}s} " + " ".join(f"{v:>8{fmt}}" if v is not None else f"{'-':>8s}" for v in values))
+        print(f"{method:{width}s} " + " ".join(f"{v:>{column}{fmt}}" if v is not None else f"{'-':>{column}s}"
+                                                for v in values))
 
 
 def finish(args: argparse.Namespace, out: Path) -> None:
@@ -186,13 +189,73 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
         model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
         site_options=site_options, limits=limits,
     )
-    by_length: dict[tuple, list[float]] = {}
-    for row in summary:
-        by_length.setdefault((row["method"], row["length"]), []).append(row["accuracy"])
-    rows = [{"method": m, "length": L, "accuracy": sum(v) / len(v)} for (m, L), v in by_length.items()]
-    print_table(rows, "accuracy", ".0%", f"passkey accuracy, mean over depths {args.depths} x {args.trials} trial(s)")
+    by_length: dict[tuple, list[int]] = {}
+    for row in summary:  # (every trial of a length pooled: correct, trials)
+        pooled = by_length.setdefault((row["method"], row["length"]), [0, 0])
+        pooled[0] += round(row["accuracy"] * row["trials"])
+        pooled[1] += row["trials"]
+    rows = [{"method": m, "length": L, "accuracy": _with_interval(*counts)} for (m, L), counts in by_length.items()]
+    print_table(rows, "accuracy", "s", f"passkey accuracy over depths {args.depths} x {args.trials} trial(s), with "
+                "its 95% Wilson interval")
     finish(args, Path(args.out))
     return 0
+
+
+def cmd_eval_ruler(args: argparse.Namespace) -> int:
+    from rope_ext.eval.ruler import effective_lengths, run_ruler
+    from rope_ext.eval.ruler_tasks import TASKS
+
+    if args.text_files:
+        args.text_files = joined(args.text_files)
+        check_text_files(args.text_files)
+    check_out(args.out)
+    choose_methods(args)
+    site_options = site_options_of(args)  # (checked before the model loads)
+    store = ResultStore(args.out, "ruler", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
+    texts = [t for t in args.tasks if TASKS[t].haystack == "text"]
+    words = haystack_words(args.text_files) if texts else []
+    model, tokenizer, native = load_for_evaluation(args)
+    fitting_defaults(model, args)
+    limits = check_methods(model, args.methods, site_options, args.lengths)
+    for line in left_out(limits, args.methods, args.lengths):
+        print(line)
+    haystack = (resolved(args.text_files) or "kjv") if texts else None
+    run_config = common_run_config(args, native) | {"kind": "ruler", "seed": args.seed, "depths": args.depths,
+                                                    "haystack_text": haystack, "decoding": "greedy"}
+    store.configure(run_config, may_change=("model_name",), normalise=normalised)
+    summary = run_ruler(model, tokenizer, args.methods, args.tasks, args.lengths, args.trials, args.depths, store,
+                        seed=args.seed, text_words=words, site_options=site_options, limits=limits)
+    rows = [{"method": r["method"], "length": r["length"],
+             "score": f"{r['score']:.1f} ({r['low']:.0f}-{r['high']:.0f})"} for r in summary if r["task"] == "average"]
+    print_table(rows, "score", "s", f"RULER score (x100), the mean over {len(args.tasks)} task(s) x {args.trials} "
+                "trial(s), with its 95% interval; per task: " + str(Path(args.out) / "ruler_summary.csv"))
+    threshold, effective = effective_lengths(summary, args.threshold)
+    if threshold is None:
+        print("effective length: give --threshold, or include the unpatched model (none) in --methods")
+    else:
+        source = "given" if args.threshold is not None else "the unpatched model's at the shortest length"
+        print(f"effective length (longest length whose score, and every shorter one's, is >= {threshold:.1f}, "
+              f"{source}): " + ", ".join(f"{m} {_length_or_below(v, args.lengths)}" for m, v in effective.items()))
+    finish(args, Path(args.out))
+    return 0
+
+
+def _length_or_below(length: int | None, lengths: list[int]) -> str:
+    return f"<{min(lengths)}" if length is None else str(length)
+
+
+def haystack_words(text_files: list[str] | None) -> list[str]:
+    """The words of the text tasks' haystack: the files given, else the King James Bible."""
+    if text_files:
+        return " ".join(Path(path).read_text(encoding="utf-8") for path in text_files).split()
+    from rope_ext.eval.corpus import kjv_text
+
+    return kjv_text().split()
+
+
+def _with_interval(correct: int, trials: int) -> str:
+    low, high = wilson(correct, trials)
+    return f"{correct / trials:.0%} ({low:.0%}-{high:.0%})"
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -201,7 +264,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.results}: no such folder; give a results folder (the --out of rope-ext eval)")
     if not folder.is_dir():
         raise ValueError(f"{args.results} is a file; give a results folder (the --out of rope-ext eval)")
-    found = [folder / name for name in ("ppl.json", "passkey.json") if (folder / name).exists()]
+    found = [folder / name for name in RESULTS_FILES if (folder / name).exists()]
     empty = []
     for path in found:
         try:

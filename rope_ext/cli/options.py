@@ -46,6 +46,30 @@ def parse_depths(text: str) -> list[float]:
     return sorted(depths)
 
 
+def task_list(text: str) -> list[str]:
+    """``--tasks``: RULER task names, comma-separated, or ``all``."""
+    from rope_ext.eval.ruler_tasks import TASKS
+
+    names = comma_items(text, "task")
+    if names == ["all"]:
+        return list(TASKS)
+    unknown = [name for name in names if name not in TASKS]
+    if unknown or not names:
+        raise ValueError(f"unknown task {(unknown or [text])[0]!r}; valid tasks: all, {', '.join(TASKS)}")
+    return list(dict.fromkeys(names))
+
+
+def percent(text: str) -> float:
+    """A score threshold in [0, 100] (RULER's scale)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise ValueError(f"must be a score in [0, 100] (RULER's scale, e.g. 85.6), got {text!r}")
+    return value
+
+
 def layer_type_list(text: str) -> list[str]:
     layer_types = [part.strip() for part in text.split(",") if part.strip()]
     if not layer_types:

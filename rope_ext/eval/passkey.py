@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rope_ext.eval.intervals import wilson
 from rope_ext.eval.perplexity import peak_memory_mb
 
 TASK = (
@@ -132,17 +133,14 @@ def passkey_trial(
 
 
 def summarize_passkey(records: list[PasskeyRecord]) -> list[dict[str, Any]]:
-    """Accuracy per (method, length, depth)."""
+    """Accuracy per (method, length, depth), with its Wilson interval (``low``, ``high``: 95%) over the trials."""
     groups: dict[tuple, list[PasskeyRecord]] = {}
     for record in records:
         groups.setdefault((record.method, record.length, round(record.depth, 6)), []).append(record)
-    return [
-        {
-            "method": method,
-            "length": length,
-            "depth": depth,
-            "trials": len(group),
-            "accuracy": sum(r.correct for r in group) / len(group),
-        }
-        for (method, length, depth), group in groups.items()
-    ]
+    rows = []
+    for (method, length, depth), group in groups.items():
+        correct = sum(r.correct for r in group)
+        low, high = wilson(correct, len(group))
+        rows.append({"method": method, "length": length, "depth": depth, "trials": len(group),
+                     "accuracy": correct / len(group), "low": low, "high": high})
+    return rows

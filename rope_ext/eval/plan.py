@@ -61,10 +61,12 @@ def check_protocol(args: argparse.Namespace, model: Any, tokenizer: Any) -> None
     except ValueError as error:
         raise ValueError(f"--model {args.model!r}: {error}") from None
     kind = type(model).__name__
-    if args.evaluation == "passkey":
+    if args.evaluation in ("passkey", "ruler"):
         if "fixed" not in valid:
-            raise ValueError(f"--model {args.model!r} is a {kind}, not a causal language model: passkey retrieval "
-                             f"generates the key; evaluate it with rope-ext eval ppl --protocol {valid[0]}")
+            what = ("passkey retrieval generates the key" if args.evaluation == "passkey"
+                    else "RULER's tasks generate their answers")
+            raise ValueError(f"--model {args.model!r} is a {kind}, not a causal language model: {what}; evaluate it "
+                             f"with rope-ext eval ppl --protocol {valid[0]}")
         return
     if args.protocol is None:
         args.protocol = valid[0]

@@ -1,4 +1,5 @@
-"""Pictures from a results folder: perplexity vs context length, and passkey heatmaps.
+"""Pictures from a results folder: perplexity vs context length, passkey heatmaps, RULER's scores by length and its
+single-needle tasks' heatmaps by depth.
 
 Drawn with matplotlib's object-oriented API (``Figure``, saved by its own canvas): no pyplot, no
 global backend, so plotting from a notebook leaves its backend and figures alone.
@@ -189,7 +190,11 @@ def plot_passkey(out: str | Path) -> Path | None:
     results = load_results(out, "passkey")
     if results is None or not results["summary"]:
         return None
-    rows = results["summary"]
+    return _heatmaps(results["summary"], "accuracy", Path(out) / "passkey.png", "accuracy")
+
+
+def _heatmaps(rows: list[dict], value: str, path: Path, label: str) -> Path:
+    """A heatmap per method of ``value`` (a fraction) by depth and length, each cell labelled."""
     methods = list(dict.fromkeys(row["method"] for row in rows))
     lengths = sorted({row["length"] for row in rows})
     depths = sorted({row["depth"] for row in rows})
@@ -206,7 +211,7 @@ def plot_passkey(out: str | Path) -> Path | None:
         grid = [[float("nan")] * len(lengths) for _ in depths]
         for row in rows:
             if row["method"] == method:
-                grid[depths.index(row["depth"])][lengths.index(row["length"])] = row["accuracy"]
+                grid[depths.index(row["depth"])][lengths.index(row["length"])] = row[value]
         image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
         axis.set_xticks(range(len(lengths)), [_length_label(L) for L in lengths])
         axis.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
@@ -219,14 +224,57 @@ def plot_passkey(out: str | Path) -> Path | None:
                           fontsize=7, color="black" if measured else "grey")
     for row in axes:
         row[0].set_ylabel("depth")
-    figure.colorbar(image, ax=flat, label="accuracy")
-    path = Path(out) / "passkey.png"
+    figure.colorbar(image, ax=flat, label=label)
     figure.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
+def plot_ruler(out: str | Path) -> list[Path]:
+    """``ruler.png``: each method's mean score over its tasks by length, with its 95% interval; and
+    ``ruler_depths.png``: the single-needle tasks' score by needle depth and length, a heatmap per method."""
+    results = load_results(out, "ruler")
+    if results is None or not results["summary"]:
+        return []
+    rows = [row for row in results["summary"] if row["task"] == "average"]
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    lengths = sorted({row["length"] for row in rows})
+    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
+    axis = figure.subplots()
+    for index, method in enumerate(methods):
+        mine = sorted((r["length"], r["score"], r["low"], r["high"]) for r in rows if r["method"] == method)
+        axis.errorbar([m[0] for m in mine], [m[1] for m in mine], yerr=[[m[1] - m[2] for m in mine],
+                      [m[3] - m[1] for m in mine]], label=method, color=f"C{index % 10}", capsize=3,
+                      marker="osD^vPX"[index // 10 % 7], linestyle=["-", "--", "-.", ":"][index % 4])
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(lengths, [_length_label(L) for L in lengths])
+    axis.xaxis.minorticks_off()
+    axis.set_ylim(-2, 102)
+    axis.set_xlabel("context length (tokens)")
+    axis.set_ylabel("RULER score (mean over tasks, x100)")
+    tasks = sorted({task for row in rows for task in row.get("tasks", [])})
+    axis.set_title(f"{results['run'].get('model_name')}: {len(tasks)} RULER task(s), 95% intervals", fontsize=10)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    paths = [Path(out) / "ruler.png"]
+    figure.savefig(paths[0], dpi=120, bbox_inches="tight")
+    depth_rows = _depth_rows(results.get("records") or [])
+    if depth_rows:
+        paths.append(_heatmaps(depth_rows, "score", Path(out) / "ruler_depths.png",
+                               "the single-needle tasks' score by needle depth"))
+    return paths
+
+
+def _depth_rows(records: list[dict]) -> list[dict]:
+    """Mean score per method, length and depth of the records that have a depth."""
+    cells: dict[tuple, list[float]] = {}
+    for record in records:
+        if record.get("depth") is not None:
+            cells.setdefault((record["method"], record["length"], record["depth"]), []).append(record["score"])
+    return [{"method": m, "length": L, "depth": d, "score": sum(v) / len(v)} for (m, L, d), v in cells.items()]
+
+
 def check_results_file(path: Path) -> None:
-    """Refuse, in one line, a ``ppl.json`` / ``passkey.json`` that is not one evaluation's results (``run`` and
+    """Refuse, in one line, a ``ppl.json`` / ``passkey.json`` / ``ruler.json`` that is not one evaluation's results (``run`` and
     ``summary``, as ``rope-ext eval`` writes them; e.g. a table collected from several runs): what it holds, what plot
     expects, and the results folders inside its folder."""
     try:
@@ -239,7 +287,7 @@ def check_results_file(path: Path) -> None:
         holds = f"a JSON object of {', '.join(repr(key) for key in list(data)[:4])}" if data else "an empty JSON object"
     else:
         holds = f"a JSON {type(data).__name__}"
-    found = sorted({p.parent for pattern in ("*/ppl.json", "*/*/ppl.json", "*/passkey.json", "*/*/passkey.json")
+    found = sorted({p.parent for name in RESULTS_FILES for pattern in (f"*/{name}", f"*/*/{name}")
                     for p in path.parent.glob(pattern)})
     inside = f"; results folders inside it: {', '.join(map(str, found[:3]))}{', ...' if len(found) > 3 else ''}" \
         if found else ""
@@ -249,19 +297,23 @@ def check_results_file(path: Path) -> None:
     )
 
 
+#: the results files a folder may hold
+RESULTS_FILES = ("ppl.json", "passkey.json", "ruler.json")
+
+
 def plot_run(out: str | Path) -> list[Path]:
-    for name in ("ppl.json", "passkey.json"):
+    for name in RESULTS_FILES:
         if (Path(out) / name).is_file():
             check_results_file(Path(out) / name)
     try:
-        paths = [p for p in (plot_perplexity(out), plot_passkey(out)) if p is not None]
+        paths = [p for p in (plot_perplexity(out), plot_passkey(out)) if p is not None] + plot_ruler(out)
     except (KeyError, TypeError, ValueError, AttributeError) as error:  # json.JSONDecodeError is a ValueError
         raise ValueError(
-            f"{out}: ppl.json or passkey.json is not a results file rope-ext wrote ({type(error).__name__}: {error}); "
-            "re-run `rope-ext eval ...` to write it again"
+            f"{out}: ppl.json, passkey.json or ruler.json is not a results file rope-ext wrote "
+            f"({type(error).__name__}: {error}); re-run `rope-ext eval ...` to write it again"
         ) from None
     if not paths:
-        raise FileNotFoundError(f"no ppl.json or passkey.json in {out}; run `rope-ext eval ...` first")
+        raise FileNotFoundError(f"no ppl.json, passkey.json or ruler.json in {out}; run `rope-ext eval ...` first")
     return paths
 
 

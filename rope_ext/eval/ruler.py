@@ -1,0 +1,188 @@
+"""``rope-ext eval ruler``: RULER's synthetic tasks (``rope_ext.eval.ruler_tasks``) over methods, lengths and trials,
+scored as RULER scores them, resumable, with intervals and an effective length.
+
+Each trial's sample is the same for every method (seeded by the run's seed, task, length and trial); the model
+continues the prompt greedily for at most the task's answer budget (the prompt and the answer within the length),
+stopping at its end-of-sequence token. A sample scores RULER's ``string_match_all``: the fraction of its references
+the answer contains. Per method, task and length: the mean score (x100, as RULER's tables) with a 95% interval over
+the trials (Wilson's where every sample has one reference, a right-or-wrong score; else the percentile bootstrap);
+per method and length: the mean over the tasks, its interval a bootstrap of the trials within each task. The
+effective length of a method: the longest length at which its mean, and its mean at every shorter length, stays at or
+above the threshold (given, else the unpatched model's mean at the run's shortest length).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rope_ext.eval.intervals import LEVEL, RESAMPLES, bootstrap, wilson
+from rope_ext.eval.perplexity import peak_memory_mb
+from rope_ext.eval.ruler_tasks import TASKS, Sample, make_sample, string_match_all
+from rope_ext.runs.results import ResultStore
+from rope_ext.runs.saved import with_method
+
+
+@dataclass
+class RulerRecord:
+    method: str
+    config: list[dict[str, Any]]
+    task: str
+    length: int
+    trial: int
+    depth: float | None
+    prompt_tokens: int
+    answer: str
+    references: list[str]
+    score: float
+    seconds: float
+    peak_memory_mb: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ruler_key(method: str, task: str, length: int, trial: int) -> tuple:
+    return (method, task, int(length), int(trial))
+
+
+def trial_depth(task: str, trial: int, depths: list[float]) -> float | None:
+    """The depth of a single-needle task's needle in ``trial``: the grid's, in turn; ``None`` for other tasks."""
+    return depths[trial % len(depths)] if TASKS[task].takes_depth else None
+
+
+@torch.no_grad()
+def answer(model: nn.Module, tokenizer: Any, sample: Sample, answer_tokens: int) -> str:
+    """The model's greedy continuation of the sample's prompt, at most ``answer_tokens`` tokens."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokenizer(sample.prompt)["input_ids"]], device=device)
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=answer_tokens, do_sample=False,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    return tokenizer.decode(out[0, ids.shape[-1]:], skip_special_tokens=True)
+
+
+def ruler_trial(model: nn.Module, tokenizer: Any, sample: Sample, task: str, length: int, trial: int, *,
+                method: str = "none", config: list[dict[str, Any]] | None = None) -> RulerRecord:
+    began = time.perf_counter()
+    text = answer(model, tokenizer, sample, TASKS[task].answer_tokens)
+    return RulerRecord(
+        method=method, config=config or [], task=task, length=length, trial=trial, depth=sample.depth,
+        prompt_tokens=sample.prompt_tokens, answer=text, references=list(sample.references),
+        score=string_match_all(text, sample.references), seconds=time.perf_counter() - began,
+        peak_memory_mb=peak_memory_mb(),
+    )
+
+
+def _interval(records: list[dict[str, Any]]) -> tuple[float, float]:
+    scores = [r["score"] for r in records]
+    if all(len(r["references"]) == 1 for r in records):  # (right or wrong: a proportion)
+        low, high = wilson(round(sum(scores)), len(scores))
+        return 100 * low, 100 * high
+    low, high = bootstrap(scores, lambda x: x.mean(-1))
+    return 100 * low, 100 * high
+
+
+def _stratified(groups: list[list[float]], seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of the mean over groups of their means, each group's trials resampled apart."""
+    generator = torch.Generator().manual_seed(seed)
+    means = []
+    for scores in groups:
+        values = torch.tensor(scores, dtype=torch.float64)
+        picks = torch.randint(0, len(scores), (RESAMPLES, len(scores)), generator=generator)
+        means.append(values[picks].mean(-1))
+    stats = torch.stack(means).mean(0)
+    low, high = torch.quantile(stats, torch.tensor([(1 - LEVEL) / 2, (1 + LEVEL) / 2], dtype=torch.float64))
+    return 100 * low.item(), 100 * high.item()
+
+
+def summarize_ruler(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows per method, task and length (``task`` a task's name) and per method and length over its tasks
+    (``task`` ``"average"``, with the tasks it averages): score x100, ``low``, ``high``, trials."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for record in records:
+        cells.setdefault((record["method"], record["task"], record["length"]), []).append(record)
+    rows = []
+    for (method, task, length), group in cells.items():
+        low, high = _interval(group)
+        rows.append({"method": method, "task": task, "length": length, "trials": len(group),
+                     "score": 100 * sum(r["score"] for r in group) / len(group), "low": low, "high": high,
+                     "tasks": [task]})
+    averaged: dict[tuple, list[list[float]]] = {}
+    tasks: dict[tuple, list[str]] = {}
+    for (method, task, length), group in cells.items():
+        averaged.setdefault((method, length), []).append([r["score"] for r in group])
+        tasks.setdefault((method, length), []).append(task)
+    for (method, length), groups in averaged.items():
+        low, high = _stratified(groups)
+        rows.append({"method": method, "task": "average", "length": length, "trials": sum(map(len, groups)),
+                     "score": 100 * sum(sum(g) / len(g) for g in groups) / len(groups), "low": low, "high": high,
+                     "tasks": sorted(tasks[(method, length)])})
+    return rows
+
+
+def effective_lengths(rows: list[dict[str, Any]], threshold: float | None) -> tuple[float | None, dict[str, Any]]:
+    """``(threshold, {method: effective length})`` from the average rows: ``threshold`` as given, else the unpatched
+    model's (``none``) average at its shortest length (``None`` where neither: no effective length). A method's
+    effective length is ``None`` where even its shortest length is below the threshold."""
+    average = [r for r in rows if r["task"] == "average"]
+    if threshold is None:
+        base = sorted((r["length"], r["score"]) for r in average if r["method"] == "none")
+        if not base:
+            return None, {}
+        threshold = base[0][1]
+    found: dict[str, Any] = {}
+    for method in dict.fromkeys(r["method"] for r in average):
+        scores = sorted((r["length"], r["score"]) for r in average if r["method"] == method)
+        effective = None
+        for length, score in scores:
+            if score < threshold:
+                break
+            effective = length
+        found[method] = effective
+    return threshold, found
+
+
+def run_ruler(
+    model: nn.Module, tokenizer: Any, methods: dict[str, list], tasks: list[str], lengths: list[int], trials: int,
+    depths: list[float], store: ResultStore, *, seed: int = 0, text_words: list[str] | None = None,
+    site_options: dict[str, Any] | None = None, limits: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Every method on every task, length and trial not yet in ``store`` (the samples drawn once, the same for every
+    method); the tables written over the folder's records; returns this run's summary rows. ``limits``: a method's
+    lengths past its learned position table are left out."""
+    from tqdm.auto import tqdm
+
+    done = {ruler_key(r["method"], r["task"], r["length"], r["trial"]) for r in store.records()}
+    limits = limits or {}
+    grid = [(task, length, trial) for length in lengths for task in tasks for trial in range(trials)]
+    cells = {spec: [c for c in grid if c[1] <= limits.get(spec, max(lengths))] for spec in methods}
+    needed = {c for spec in methods for c in cells[spec] if ruler_key(spec, *c) not in done}
+    samples = {(task, length, trial): make_sample(TASKS[task], tokenizer, length, seed, trial, text_words or [],
+                                                  trial_depth(task, trial, depths))
+               for task, length, trial in sorted(needed)}  # (all drawn before the model runs: a bad length fails now)
+
+    bar = tqdm(total=sum(len(c) for c in cells.values()), unit="trial")
+    for spec, configs in methods.items():
+        bar.set_description(spec)
+        todo = [c for c in cells[spec] if ruler_key(spec, *c) not in done]
+        bar.update(len(cells[spec]) - len(todo))
+
+        def evaluate() -> None:
+            for task, length, trial in todo:
+                record = ruler_trial(model, tokenizer, samples[(task, length, trial)], task, length, trial, method=spec,
+                                     config=[c.to_dict() for c in configs])
+                store.append(record.to_dict())
+                bar.update(1)
+
+        with_method(model, configs, evaluate, site_options)
+    bar.close()
+    kept = store.records()
+    store.write_tables(kept, summarize_ruler(kept))
+    wanted = {ruler_key(spec, *c) for spec in methods for c in cells[spec]}
+    return summarize_ruler([r for r in kept if ruler_key(r["method"], r["task"], r["length"], r["trial"]) in wanted])
