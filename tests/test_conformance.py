@@ -569,3 +569,46 @@ def test_qwen35s_rotary_patched_through_itself_compiles_into_one_graph(spec):
             for got, expected in zip(compiled(x, positions), rotary(x, positions)):
                 torch.testing.assert_close(got, expected, rtol=0, atol=0)
     torch._dynamo.reset()
+
+
+def test_ministral3s_temperature_counts_the_pre_training_context_and_keeps_its_own_length():
+    """(A trial's findings.) On a YaRN-scaled Ministral 3 the temperature's default step is the rope parameters' L
+    (16), not the scaled window, in rope_ext's attention as natively; ``get_patch(resolved=True)`` states it either
+    way; ``replace_scaling`` beside a frequency method says the model's own temperature stays; a frequency method that
+    states another L leaves the temperature's L (the config keeps its rope parameters); an in-place edit of the rope
+    parameters is named by its key when ``unpatch`` refuses."""
+    def built(beta: float, rope_type: str = "yarn") -> torch.nn.Module:
+        parameters = dict(rope_type=rope_type, factor=4.0, rope_theta=1e4, llama_4_scaling_beta=beta,
+                          original_max_position_embeddings=16)
+        return tiny_model("ministral3", rope_parameters=parameters)
+
+    for beta in (0.0, 0.1):  # (native, then in rope_ext's attention: the same step)
+        model = built(beta)
+        with rope_ext.patched(model, "temperature:attn_scale=0.3:position_offset=0"):
+            assert rope_ext.get_patch(model, resolved=True).floor_scale == 16
+    model = built(0.2, "default")
+    with pytest.warns(UserWarning, match=r"the model's own temperature \(llama_4_scaling_beta=0.2\) stays"):
+        rope_ext.patch(model, "yarn:factor=2+temperature:attn_scale=0.3:position_offset=0", replace_scaling=True)
+    rope_ext.unpatch(model)
+    with rope_ext.patched(model, "yarn:factor=2:original_max_position_embeddings=8"):
+        assert model.config.rope_parameters["original_max_position_embeddings"] == 16
+    rope_ext.patch(model, "temperature:attn_scale=0.3:position_offset=0", replace_scaling=True)
+    model.config.rope_parameters["llama_4_scaling_beta"] = 0.5
+    with pytest.raises(RuntimeError, match=r"edited in place since the patch set it \(now \{'llama_4_scaling_beta': "
+                                           r"0.5\}, set as \{'llama_4_scaling_beta': 0.3\}\)"):
+        rope_ext.unpatch(model)
+
+
+def test_recurrent_gemma_takes_a_frequency_method_with_its_length_stated():
+    """Recurrent Gemma's config states no context length: a method given one patches (it crashed reading the config's
+    max_position_embeddings), and unpatches exactly; PI, which takes none, is told what to do instead."""
+    model = tiny_model("recurrent_gemma")
+    ids = torch.randint(3, VOCAB, (1, 30), generator=torch.Generator().manual_seed(0))
+    base = _logits(model, ids)
+    for spec in ("yarn:factor=2", "ntk:factor=2", "llama3:factor=2", "dynamic_ntk:factor=2"):
+        with rope_ext.patched(model, f"{spec}:original_max_position_embeddings=16"):
+            assert not torch.equal(_logits(model, ids), base)
+        assert torch.equal(_logits(model, ids), base)
+    with pytest.raises(ValueError, match=r"no original context length \(max_position_embeddings\); pi takes none of "
+                                         r"its own: give the config one"):
+        rope_ext.patch(model, "pi:factor=2")

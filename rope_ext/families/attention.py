@@ -211,8 +211,9 @@ def program_refused(cls: type) -> str | None:
     DeepSeek-V3.2) or a mask of its own instead of the one it was given (Doge's dynamic mask), none of which
     rope_ext's attention takes."""
     if "RotaryEmbedding(" in (source_of(cls.__init__) or ""):
-        return ("each of its attention layers holds a rotary module of its own (Moshi's), where rope_ext's attention "
-                "rewrites take the one module the model shares; methods that rewrite attention are refused for it")
+        return (f"each of its attention layers holds a rotary module of its own ({cls.__name__} builds one), where "
+                "rope_ext's attention rewrites take the one module the model shares; methods that rewrite attention "
+                "are refused for it")
     source = source_of(cls.forward)
     if source is None:
         return None

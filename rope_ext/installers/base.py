@@ -61,7 +61,9 @@ def _same_value(current: Any, new: Any) -> bool:
         return False
 
 
-def _describe_value(value: Any) -> str:
+def _describe_value(value: Any, other: Any = None) -> str:
+    if isinstance(value, dict) and isinstance(other, dict):  # (the keys that differ from ``other``'s, not the whole)
+        value = {k: value.get(k, "absent") for k in sorted({*value, *other}, key=str) if value.get(k) != other.get(k)}
     if value is _MISSING:
         return "absent"
     if isinstance(value, nn.Module):
@@ -94,7 +96,7 @@ class AttrEdit:
         if current is self.new and self.applied is not _MISSING and current != self.applied:
             return (
                 f"{type(self.obj).__name__}.{self.name} was edited in place since the patch set it "
-                f"(now {_describe_value(current)}, set as {_describe_value(self.applied)})"
+                f"(now {_describe_value(current, self.applied)}, set as {_describe_value(self.applied, current)})"
             )
         if _same_value(current, self.new):
             return None
@@ -305,10 +307,8 @@ class PlanBuilder:
         owner = next((e for e in self.plan.edits if isinstance(e, AttnImplementationEdit)), None)
         if owner is not None:
             if owner.new != key:
-                raise ValueError(
-                    f"two hook kinds want their own attention implementation ({owner.new!r} and {key!r}); one "
-                    "attention program runs every kind's terms"
-                )
+                raise ValueError(f"two hook kinds want their own attention implementation ({owner.new!r} and "
+                                 f"{key!r}); one attention program runs every kind's terms")
             return
         self.plan.edits.append(AttnImplementationEdit(model, key, list(configs)))
 

@@ -74,7 +74,10 @@ class FrequencyInstaller(HookInstaller):
             specs = {lt: site.spec(lt, method, replace) for lt in chosen}
             site.replacement(builder).set_frequency(method, specs)
             # transformers' own version of the method per layer type (None: it has none)
-            native = {lt: _native(method, spec, site.config.max_position_embeddings) for lt, spec in specs.items()}
+            # (a config without max_position_embeddings, Recurrent Gemma's: the method's stated L is its own)
+            stated = getattr(site.config, "max_position_embeddings", None)
+            native = {lt: _native(method, spec, stated or spec.original_max_position_embeddings)
+                      for lt, spec in specs.items()}
             self._softmax_scale_edits(builder, site, native)
             self._config_edits(builder, site, method, specs, native)
             # (dynamic methods follow any length: no range to warn about, and transformers' reminder at L is wrong)
@@ -142,6 +145,9 @@ class FrequencyInstaller(HookInstaller):
         rope_parameters = copy.deepcopy(builder.pending(config, "rope_parameters"))
         for layer_type, params in native.items():
             current = site.params(layer_type)
+            moved = params.get("original_max_position_embeddings") not in (None, current.get(TEMPERATURE_KEYS[1]))
+            if TEMPERATURE_KEYS[0] in current and moved:  # (Ministral 3's temperature counts the same L: kept apart)
+                return
             kept = (*BASE_KEYS, *MROPE_KEYS, *(TEMPERATURE_KEYS if TEMPERATURE_KEYS[0] in current else ()))
             merged = {key: current[key] for key in kept if key in current} | params
             if layer_type is None:

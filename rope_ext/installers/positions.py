@@ -11,6 +11,7 @@ scale. log-n is a query scale alone: it needs no rotation of its own and runs on
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from torch import nn
 
@@ -104,8 +105,9 @@ class QueryScaleInstaller(HookInstaller):
                 original, native = rule.original, rule.native
             elif rotary is not None and key in rotary.specs:
                 original, native = rotary.specs[key].original_max_position_embeddings, rotary_site.native_length(key)
-            else:
-                original = native = rotary_site.native_length(key)
+            else:  # (the temperature's steps count the pre-training context, not a scaled checkpoint's window)
+                native = rotary_site.native_length(key)
+                original = rotary_site.original_length(key) if isinstance(method, TemperatureConfig) else native
             stated = getattr(method, "original_max_position_embeddings", None)
             check_length_within(method.method, stated, native)
             program.add(QueryScale(method, stated or original))
@@ -120,6 +122,9 @@ class QueryScaleInstaller(HookInstaller):
         if isinstance(method, TemperatureConfig):  # (its F as installed: floor_scale, else each layer's L)
             floors = {term.original for _, program in installed_programs(model) for term in program.of_type(QueryScale)
                       if term.method is method}
+            params = getattr(model.config.get_text_config(), "rope_parameters", None) or {}
+            if not floors and TEMPERATURE_KEYS[0] in params:  # (written natively: the rope parameters' L)
+                floors = {params.get("original_max_position_embeddings")} - {None}
             return method if method.floor_scale is not None or len(floors) != 1 else dataclasses.replace(
                 method, floor_scale=floors.pop())
         assert isinstance(method, LogNConfig)
@@ -142,6 +147,10 @@ def _native_temperature(builder: PlanBuilder, method: TemperatureConfig) -> bool
     if not isinstance(params, dict) or TEMPERATURE_KEYS[0] not in params:
         return False
     if HOOK_FREQUENCY in builder.kinds:  # (its replace_scaling is the frequency method's)
+        if builder.option("replace_scaling") and params[TEMPERATURE_KEYS[0]]:
+            warnings.warn(f"rope_ext: replace_scaling replaces the checkpoint's RoPE scaling with the frequency "
+                          f"method; the model's own temperature (llama_4_scaling_beta={params[TEMPERATURE_KEYS[0]]}) "
+                          "stays, and temperature multiplies it", UserWarning, stacklevel=4)
         return False
     floor = params.get("original_max_position_embeddings")
     layers = [layer for site in builder.sites.get(AttentionSite.kind) for layer in site.layers]

@@ -276,9 +276,12 @@ class RotarySite(Site):
         native = self.original_length(layer_type) if method is not None else self.native_length(layer_type)
         requested = method.original_max_position_embeddings if method is not None else None
         if not native and not requested:
+            takes = method is None or "original_max_position_embeddings" not in method.unused_shared_options
             raise ValueError(
-                f"{self.family}: the model config gives no original context length "
-                "(max_position_embeddings); pass original_max_position_embeddings=..."
+                f"{self.family}: the model config gives no original context length (max_position_embeddings); "
+                + ("pass original_max_position_embeddings=..." if takes else f"{method.method} takes none of its own: "
+                   "give the config one (config.max_position_embeddings), or use a method that states it, e.g. "
+                   "yarn:factor=...:original_max_position_embeddings=...")
             )
         rope_type = _scaling(params)
         stated = requested or self._states_original(params)
