@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from torch import nn
 
 from rope_ext.families import CONFIG_KEY, Support, find_family
-from rope_ext.guards import refuse_shared_configs, warn_beyond_range
+from rope_ext.guards import RangeWarning, refuse_shared_configs, warn_beyond_range
 from rope_ext.installers.attention import installed_programs
 from rope_ext.installers.base import PatchPlan, PlanBuilder, RopeExtCallable, RopeExtModule, get_hook
 from rope_ext.installers.frequency import TEMPERATURE_KEYS
@@ -255,6 +255,14 @@ def summary(model: nn.Module) -> str:
         trainable = sum(p.numel() for p in container.parameters() if p.requires_grad)
         lines.append(f"  parameters owned: {total:,} ({trainable:,} trainable) under '{PARAMS_ATTR}.'")
     return "\n".join(lines)
+
+
+def patched_length(model: nn.Module) -> int | None:
+    """The longest sequence the active patch's methods were made for (past it rope_ext warns once); ``None`` without
+    a patch, or where its methods follow any length (dynamic ones)."""
+    found = _find_state(model)
+    hooks = [getattr(edit, "hook", None) for edit in found[1].plan.edits] if found is not None else []
+    return max((hook.limit for hook in hooks if isinstance(hook, RangeWarning)), default=None)
 
 
 def _reads_temperature(sites: Any) -> bool:
