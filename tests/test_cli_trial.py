@@ -456,7 +456,7 @@ def test_results_files_that_rope_ext_did_not_write_are_named(tmp_path, tiny_chec
         (None, "argument results: must not be empty"),
         ("missing", "{path}: no such folder; give a results folder"),
         ("file", "{path} is a file; give a results folder"),
-        ("folder", "no ppl.json or passkey.json in {path}"),
+        ("folder", "no ppl.json, passkey.json or ruler.json in {path}"),
         ("empty", "ppl.json in {path} holds no results (an empty summary): nothing to plot"),
     ],
 )

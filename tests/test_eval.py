@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 import os
 import subprocess
@@ -745,3 +746,44 @@ def test_device_is_checked_before_the_model_loads_and_a_dispatched_model_gives_t
                  "--lengths", "32,64,128", "--target-tokens", "16", "--methods", "none", "--out", str(out),
                  "--no-plot"]) == 2
     assert "(differs in: device: 'auto' before, None now)" in capsys.readouterr().err
+
+
+def test_windows_are_independent_targets_with_intervals_and_a_paired_ratio(tmp_path, tiny_checkpoint, capsys):
+    """``--windows 4``: each document's consecutive stretches of the target end's tokens, scored alike, each a record
+    (the units of the 95% bootstrap interval); the ratio to the unpatched model is paired per window. ``--target-end``
+    places the targets apart from the lengths: a run of the short lengths alone scores the same tokens as the long
+    run; both options refused where the protocol scores every token, and a target end below the lengths."""
+    checkpoint, text = tiny_checkpoint  # (400 tokens: four windows of 64)
+    out = tmp_path / "windows"
+    common = ["eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--target-tokens", "16",
+              "--methods", "none,yarn:factor=4", "--no-plot"]
+    assert main([*common, "--lengths", "32,64", "--windows", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "with 95% intervals over 4 windows" in printed and "(paired), with its 95% interval" in printed
+    results = json.loads((out / "ppl.json").read_text())
+    assert results["run"]["windows"] == 4
+    assert sorted({r["document"] for r in results["records"]}) == ["doc.txt @0", "doc.txt @128", "doc.txt @192",
+                                                                   "doc.txt @64"]
+    rows = {(r["method"], r["length"]): r for r in results["summary"]}
+    for (method, length), row in rows.items():
+        assert row["documents"] == 4 and row["low"] <= row["perplexity"] <= row["high"]
+        records = [r for r in results["records"] if (r["method"], r["length"]) == (method, length)]
+        assert row["perplexity"] == pytest.approx(math.exp(sum(r["mean_nll"] for r in records) / 4))  # (16 each)
+        if method == "none":
+            assert row["ratio_to_none"] is None
+        else:
+            assert row["ratio_to_none"] == pytest.approx(row["perplexity"] / rows[("none", length)]["perplexity"])
+            assert row["ratio_low"] <= row["ratio_to_none"] <= row["ratio_high"]
+    short = tmp_path / "short"
+    assert main([*common, "--lengths", "32", "--target-end", "64", "--windows", "4", "--out", str(short)]) == 0
+    scored = lambda records: {(r["method"], r["document"]): (r["start"], r["end"], r["mean_nll"])  # noqa: E731
+                              for r in records if r["length"] == 32}
+    assert scored(json.loads((short / "ppl.json").read_text())["records"]) == scored(results["records"])
+    for extra, message in ((["--protocol", "curve", "--windows", "2"], "--windows: only for the fixed-target protocols"),
+                           (["--protocol", "sliding", "--target-end", "64"], "--target-end: only for the fixed-target"),
+                           (["--target-end", "16"], "--target-end 16: below the longest of --lengths (32)")):
+        targets = [] if "--protocol" in extra else ["--target-tokens", "16"]
+        argv = ["eval", "ppl", "--model", str(checkpoint), "--text-files", str(text), "--lengths", "32", *targets,
+                "--out", str(tmp_path / "bad"), *extra]
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err

@@ -30,6 +30,7 @@ from rope_ext.cli.options import (
     nonempty,
     option,
     parse_depths,
+    parse_length,
     percent,
     seed,
     task_list,
@@ -105,6 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ppl.add_argument(
         "--documents", type=int_at_least(1), default=1, help="at most this many documents, longest first (default: 1)"
+    )
+    ppl.add_argument(
+        "--windows", type=int_at_least(1, MAX_TRIALS), default=1,
+        help="fixed-target protocols: target windows per document, its consecutive stretches of the target end's "
+        "tokens, each scored alike: the units of the intervals (default: 1, the document's first)",
+    )
+    ppl.add_argument(
+        "--target-end", type=option(parse_length), default=None,
+        help="fixed-target protocols: where the targets end, at least the longest --lengths (default: the longest "
+        "--lengths); runs of different lengths with one --target-end score the same tokens",
     )
     ppl.set_defaults(func=command("evaluate", "cmd_eval_ppl"))
 

@@ -125,7 +125,8 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     lengths = args.lengths
     # resuming: the folder's lengths decide the targets with this run's, so that lengths can be added alone
     folder = folder_lengths(store.previous, store.records()) if same_targets_config(store.previous, args) else []
-    target_lengths = sorted({*lengths, *folder})
+    end = [args.target_end] if args.target_end is not None else []  # (the targets placed apart from the lengths)
+    target_lengths = sorted({*lengths, *folder, *end})
     documents, run_config = perplexity_run(args, every, target_lengths, native)
     store.configure(run_config, may_change=PPL_MAY_CHANGE, normalise=normalised, unchecked=("document_sha256",),
                     labels=PPL_LABELS)
@@ -134,7 +135,7 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         if problem:
             store.refuse(problem)
     if folder and store.stale:  # --overwrite: this run's lengths alone
-        target_lengths = lengths
+        target_lengths = sorted({*lengths, *end})
         documents, run_config = perplexity_run(args, every, target_lengths, native)
         store.configure(run_config)
     limits = check_methods(model, args.methods, site_options, lengths)
@@ -161,8 +162,18 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         limits=limits,
     )
     context = "no stated native context" if native is None else f"native context {native}"
-    print_table(summary, "perplexity", ".2f", f"perplexity ({args.protocol} protocol; {context}; this run's methods "
-                 f"and lengths; every record of the folder: {Path(args.out) / 'ppl_summary.csv'})")
+    title = (f"perplexity ({args.protocol} protocol; {context}; this run's methods and lengths; every record of the "
+             f"folder: {Path(args.out) / 'ppl_summary.csv'})")
+    if not any(row["documents"] > 1 for row in summary):
+        print_table(summary, "perplexity", ".2f", title)
+    else:  # (several windows: each value with its 95% bootstrap interval, and the paired ratio to the unpatched)
+        cells = [{**row, "cell": f"{row['perplexity']:.2f} ({row['low']:.2f}-{row['high']:.2f})"} for row in summary]
+        print_table(cells, "cell", "s", f"{title}, with 95% intervals over {summary[0]['documents']} windows")
+        ratios = [{**row, "cell": f"{row['ratio_to_none']:.3f} ({row['ratio_low']:.3f}-{row['ratio_high']:.3f})"}
+                  for row in summary if row["ratio_to_none"] is not None]
+        if ratios:
+            print_table(ratios, "cell", "s", "perplexity / the unpatched model's on the same windows (paired), with "
+                        "its 95% interval")
     finish(args, Path(args.out))
     return 0
 

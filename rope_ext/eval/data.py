@@ -34,6 +34,17 @@ class Document:
         return hashlib.sha256(ids.tobytes()).hexdigest()[:16]
 
 
+def windows(documents: list[Document], size: int, count: int) -> list[Document]:
+    """Each document's first ``count`` consecutive windows of ``size`` tokens (as many as it holds), titled
+    ``"<title> @<start>"``: independent target windows for the fixed-target protocols, the units of their intervals."""
+    out = []
+    for document in documents:
+        for k in range(min(count, document.num_tokens // size)):
+            start = k * size
+            out.append(Document(f"{document.title} @{start}", document.input_ids[:, start:start + size]))
+    return out
+
+
 def load_documents(
     dataset: str | None = None,
     text_files: list[str] | None = None,

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rope_ext.eval.data import Document
+from rope_ext.eval.intervals import bootstrap, mean_nll_ppl, ppl_ratio
 from rope_ext.eval.objectives import (
     CAUSAL_PROTOCOLS,
     FIXED_TARGET_PROTOCOLS,
@@ -249,7 +250,10 @@ def check_same_targets(records: list[PerplexityRecord]) -> None:
 
 
 def summarize(records: list[PerplexityRecord]) -> list[dict[str, Any]]:
-    """Token-weighted mean NLL over documents, per (method, protocol, length); raises on mixed targets."""
+    """Token-weighted mean NLL over documents, per (method, protocol, length), the perplexity with its 95% bootstrap
+    interval over the documents (``low``, ``high``: target windows, ``--windows``; one document: the point), and
+    beside the unpatched model scored on the same documents its ratio to it, paired per document (``ratio_to_none``,
+    ``ratio_low``, ``ratio_high``); raises on mixed targets."""
     check_same_targets(records)
     groups: dict[tuple, list[PerplexityRecord]] = {}
     for record in records:
@@ -258,15 +262,18 @@ def summarize(records: list[PerplexityRecord]) -> list[dict[str, Any]]:
     for (method, protocol, length), group in groups.items():
         tokens = sum(r.tokens_scored for r in group)
         mean = sum(r.mean_nll * r.tokens_scored for r in group) / tokens
-        rows.append(
-            {
-                "method": method,
-                "protocol": protocol,
-                "length": length,
-                "documents": len(group),
-                "tokens_scored": tokens,
-                "mean_nll": mean,
-                "perplexity": math.exp(mean),
-            }
-        )
+        units = [(r.mean_nll * r.tokens_scored, r.tokens_scored) for r in group]
+        low, high = bootstrap(units, mean_nll_ppl)
+        row = {"method": method, "protocol": protocol, "length": length, "documents": len(group),
+               "tokens_scored": tokens, "mean_nll": mean, "perplexity": math.exp(mean), "low": low, "high": high,
+               "ratio_to_none": None, "ratio_low": None, "ratio_high": None}
+        # (against the unpatched model on the same documents, paired: each document's NLL on both sides)
+        base = {r.document: r for r in groups.get(("none", protocol, length), [])}
+        if method != "none" and base and all(r.document in base for r in group):
+            pairs = [(r.mean_nll * r.tokens_scored, base[r.document].mean_nll * r.tokens_scored, r.tokens_scored)
+                     for r in group]
+            ratio_low, ratio_high = bootstrap(pairs, ppl_ratio)
+            row |= {"ratio_to_none": math.exp(mean - sum(p[1] for p in pairs) / tokens), "ratio_low": ratio_low,
+                    "ratio_high": ratio_high}
+        rows.append(row)
     return rows

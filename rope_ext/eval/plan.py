@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rope_ext.eval.data import windows as split_windows
 from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
 from rope_ext.eval.run import plan_targets, target_ends
 from rope_ext.runs.devices import check_device, placed
@@ -147,6 +148,15 @@ def check_ppl_options(args: argparse.Namespace) -> None:
         protocols = f"{', '.join(first)} and {last}"
         raise ValueError(f"--target-tokens: only for the {protocols} protocols; --protocol {args.protocol} scores "
                          "every token of each length (leave --target-tokens out)")
+    for name, given in (("--windows", getattr(args, "windows", 1) != 1),
+                        ("--target-end", getattr(args, "target_end", None) is not None)):
+        if given and args.protocol is not None and not fixed_targets(args):
+            raise ValueError(f"{name}: only for the fixed-target protocols (fixed, masked-lm, span-corruption); "
+                             f"--protocol {args.protocol} scores every token of each length")
+    end = getattr(args, "target_end", None)
+    if end is not None and end < max(args.lengths):
+        raise ValueError(f"--target-end {end}: below the longest of --lengths ({max(args.lengths)}); the targets end "
+                         "where every length's context can end, at or past the longest")
     if args.protocol not in (None, "sliding") and "stride" in args.given:
         raise ValueError(f"--stride: only for --protocol sliding (leave it out with --protocol {args.protocol})")
     lengths = args.lengths
@@ -197,6 +207,9 @@ def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[i
             f"--min-tokens {min_tokens}: no document has at least {min_tokens} tokens (the longest, "
             f"{longest.title!r}, has {longest.num_tokens}); lower --min-tokens or give longer texts"
         )
+    windows = getattr(args, "windows", 1)
+    if windows > 1:  # (each document's consecutive stretches of the target end's tokens: independent windows)
+        documents = split_windows(documents, max(target_lengths), windows)
     plan = plan_targets(documents, target_lengths, args.protocol, args.target_tokens)
     missing = [L for L in lengths if not any(L in spans for spans in plan.values())]
     if missing:  # (a --min-tokens below them): a length no document provides is an error, never a skip
@@ -215,7 +228,7 @@ def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[i
         "lengths": target_lengths,
         "target_end": target_ends(plan),
         "document_sha256": {d.title: d.fingerprint() for d in documents},
-    }
+    } | ({"windows": windows} if windows > 1 else {})
     return documents, run_config
 
 

@@ -126,6 +126,11 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
             finite = [(n, p if math.isfinite(p) else float("nan")) for n, p in points[method]]
             axis.plot([p[0] for p in finite], [p[1] for p in finite], label=method, color=colors[method],
                       linestyle=styles[index % len(styles)], marker=markers[index // 20 % len(markers)])
+            band_rows = sorted((row["length"], row.get("low"), row.get("high")) for row in rows
+                               if row["method"] == method and row.get("documents", 1) > 1 and row.get("low") is not None)
+            if band_rows:  # (several windows: the 95% interval as a band)
+                axis.fill_between([b[0] for b in band_rows], [b[1] for b in band_rows], [b[2] for b in band_rows],
+                                  color=colors[method], alpha=0.15, linewidth=0)
     full, zoom = axes[0], axes[-1] if band else None
     full.set_yscale("log")
     full.yaxis.set_major_formatter(_PlainLogFormatter())
