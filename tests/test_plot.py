@@ -63,3 +63,23 @@ def test_many_methods_with_an_exploded_one_keep_the_legend_beside_the_axes():
     width, height = figure.get_size_inches()
     assert width < 2.2 * height
     assert sorted(_off_scale_labels(figure.axes[1])) == ["none: 300", "none: inf"]
+
+
+def test_methods_are_drawn_by_kind_each_distinct():
+    """Methods grouped by kind: frequency methods blue circles, position rules orange squares, query scales purple
+    triangles, biases green diamonds, the unpatched model black; within a kind, other shades and line styles (none
+    and logn shared a blue before); a spec rope_ext does not parse (a label) grey crosses."""
+    from matplotlib import colors
+
+    from rope_ext.eval.styles import method_styles
+
+    methods = ["none", "yarn:factor=2", "pi:factor=2", "logn", "dca", "rerope:w=8+logn", "alibi", "saved-run"]
+    styles = method_styles(methods)
+    assert styles["none"] == ("black", "o", "-")
+    markers = {m: styles[m][1] for m in methods[1:]}
+    assert markers == {"yarn:factor=2": "o", "pi:factor=2": "o", "logn": "^", "dca": "s", "rerope:w=8+logn": "s",
+                       "alibi": "D", "saved-run": "x"}
+    assert len({(colors.to_hex(c), marker, line) for c, marker, line in styles.values()}) == len(methods)
+    assert styles["yarn:factor=2"][2] != styles["pi:factor=2"][2]  # (one kind: line styles in turn too)
+    hue = lambda method: colors.rgb_to_hsv(colors.to_rgb(styles[method][0]))[0]  # noqa: E731
+    assert abs(hue("yarn:factor=2") - hue("pi:factor=2")) < 0.05 and abs(hue("dca") - hue("yarn:factor=2")) > 0.2

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation
 
+from rope_ext.eval.styles import method_styles
 from rope_ext.runs.results import load_results
 
 #: heatmaps per row of the passkey figure
@@ -110,7 +111,8 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
     methods = list(dict.fromkeys(row["method"] for row in rows))
     points = {m: sorted((row["length"], float(row["perplexity"])) for row in rows if row["method"] == m)
               for m in methods}
-    colors = {method: f"C{index % 10}" for index, method in enumerate(methods)}
+    styled = method_styles(methods)
+    colors = {method: styled[method][0] for method in methods}
     lengths = sorted({row["length"] for row in rows})
     band = _zoom_band(points)
     outside = len(methods) > 8  # a legend that would cover the curves goes to the right of the axes
@@ -119,15 +121,14 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
         height = max(height, 8.0)
     figure = Figure(figsize=(10.0 if outside else 7.5, height), layout="constrained")
     axes = list(figure.subplots(2, 1, sharex=True, height_ratios=[1, 2])) if band else [figure.subplots()]
-    styles = ["-", "--", "-.", ":"]
-    markers = ["o", "s", "^", "D", "v", "P", "X"]  # 10 colours x 4 styles repeat after 20 methods: then the marker
     for axis in axes:
-        for index, method in enumerate(methods):
+        for method in methods:
             finite = [(n, p if math.isfinite(p) else float("nan")) for n, p in points[method]]
             axis.plot([p[0] for p in finite], [p[1] for p in finite], label=method, color=colors[method],
-                      linestyle=styles[index % len(styles)], marker=markers[index // 20 % len(markers)])
+                      linestyle=styled[method][2], marker=styled[method][1])
             band_rows = sorted((row["length"], row.get("low"), row.get("high")) for row in rows
-                               if row["method"] == method and row.get("documents", 1) > 1 and row.get("low") is not None)
+                               if row["method"] == method and row.get("documents", 1) > 1
+                               and row.get("low") is not None)
             if band_rows:  # (several windows: the 95% interval as a band)
                 axis.fill_between([b[0] for b in band_rows], [b[1] for b in band_rows], [b[2] for b in band_rows],
                                   color=colors[method], alpha=0.15, linewidth=0)
@@ -245,11 +246,12 @@ def plot_ruler(out: str | Path) -> list[Path]:
     lengths = sorted({row["length"] for row in rows})
     figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     axis = figure.subplots()
-    for index, method in enumerate(methods):
+    styled = method_styles(methods)
+    for method in methods:
         mine = sorted((r["length"], r["score"], r["low"], r["high"]) for r in rows if r["method"] == method)
         axis.errorbar([m[0] for m in mine], [m[1] for m in mine], yerr=[[m[1] - m[2] for m in mine],
-                      [m[3] - m[1] for m in mine]], label=method, color=f"C{index % 10}", capsize=3,
-                      marker="osD^vPX"[index // 10 % 7], linestyle=["-", "--", "-.", ":"][index % 4])
+                      [m[3] - m[1] for m in mine]], label=method, color=styled[method][0], capsize=3,
+                      marker=styled[method][1], linestyle=styled[method][2])
     axis.set_xscale("log", base=2)
     axis.set_xticks(lengths, [_length_label(L) for L in lengths])
     axis.xaxis.minorticks_off()
@@ -279,9 +281,9 @@ def _depth_rows(records: list[dict]) -> list[dict]:
 
 
 def check_results_file(path: Path) -> None:
-    """Refuse, in one line, a ``ppl.json`` / ``passkey.json`` / ``ruler.json`` that is not one evaluation's results (``run`` and
-    ``summary``, as ``rope-ext eval`` writes them; e.g. a table collected from several runs): what it holds, what plot
-    expects, and the results folders inside its folder."""
+    """Refuse, in one line, a ``ppl.json`` / ``passkey.json`` / ``ruler.json`` that is not one evaluation's results
+    (``run`` and ``summary``, as ``rope-ext eval`` writes them; e.g. a table collected from several runs): what it
+    holds, what plot expects, and the results folders inside its folder."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
