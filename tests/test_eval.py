@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -787,3 +788,33 @@ def test_windows_are_independent_targets_with_intervals_and_a_paired_ratio(tmp_p
                 "--out", str(tmp_path / "bad"), *extra]
         assert main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["none", "yarn:factor=4", "rerope:w=16", "alibi", "dca:chunk_size=48"])
+def test_trials_sharing_a_prompts_beginning_reuse_its_cache_with_the_same_answers(tiny_checkpoint, spec):
+    """Passkey trials at one length and depth share the prompt up to the key: the second on reuses the first's cache
+    (``PrefixCache``, cut back to the shared tokens) and answers as the prompt run whole, for every kind of method
+    whose cache is exact; a prefix shorter than ``MIN_SHARED`` runs whole, and one token is always computed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rope_ext.eval.prefix import MIN_SHARED, PrefixCache
+
+    checkpoint, _ = tiny_checkpoint
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    prefix = PrefixCache()
+    with contextlib.nullcontext() if spec == "none" else rope_ext.patched(model, spec):
+        for depth in (0.9, 0.2):
+            whole = [passkey_trial(model, tokenizer, 200, depth, t) for t in range(3)]
+            reused = [passkey_trial(model, tokenizer, 200, depth, t, prefix=prefix) for t in range(3)]
+            assert [r.answer for r in reused] == [r.answer for r in whole]
+            assert all(r.reused_tokens == 0 for r in whole)
+            if depth == 0.9:
+                assert reused[0].reused_tokens == 0 and all(r.reused_tokens >= MIN_SHARED for r in reused[1:])
+    short = PrefixCache()
+    short.ids, short.cache = torch.arange(200)[None], object()
+    changed = torch.arange(200)[None].clone()
+    changed[0, MIN_SHARED - 1] = -1  # (one token fewer shared than MIN_SHARED: the prompt runs whole)
+    assert short.shared(changed) == 0 and short.shared(torch.arange(300)[None]) == 200
+    assert short.shared(torch.arange(200)[None]) == 199  # (the same prompt: its last token computed again)
+    assert PrefixCache(enabled=False).shared(torch.arange(10)[None]) == 0

@@ -17,6 +17,7 @@ from torch import nn
 
 from rope_ext.eval.intervals import wilson
 from rope_ext.eval.perplexity import peak_memory_mb
+from rope_ext.eval.prefix import PrefixCache
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. "
@@ -39,6 +40,7 @@ class PasskeyRecord:
     correct: bool
     seconds: float
     peak_memory_mb: float
+    reused_tokens: int = 0  # (the prompt's beginning taken from the previous trial's cache, ``PrefixCache``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,17 +82,17 @@ ANSWER_POSITIONS = ANSWER_TOKENS - 1
 
 @torch.no_grad()
 def answer_passkey(
-    model: nn.Module, tokenizer: Any, prompt: torch.Tensor, max_new_tokens: int = ANSWER_TOKENS
-) -> str:
+    model: nn.Module, tokenizer: Any, prompt: torch.Tensor, max_new_tokens: int = ANSWER_TOKENS,
+    prefix: PrefixCache | None = None,
+) -> tuple[str, int]:
+    """The greedy answer to ``prompt`` and the tokens of its beginning reused from ``prefix``'s last prompt."""
     device = next(model.parameters()).device
-    out = model.generate(
-        prompt.to(device),
-        attention_mask=torch.ones_like(prompt, device=device),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
+    ids = prompt.to(device)
+    out, reused = (prefix or PrefixCache(enabled=False)).generate(
+        model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
     )
-    return tokenizer.decode(out[0, prompt.shape[-1] :], skip_special_tokens=True)
+    return tokenizer.decode(out[0, prompt.shape[-1] :], skip_special_tokens=True), reused
 
 
 def is_correct(answer: str, key: str) -> bool:
@@ -114,10 +116,11 @@ def passkey_trial(
     method: str = "none",
     config: list[dict[str, Any]] | None = None,
     seed: int = 0,
+    prefix: PrefixCache | None = None,
 ) -> PasskeyRecord:
     key = trial_key(seed, length, depth, trial)
     began = time.perf_counter()
-    answer = answer_passkey(model, tokenizer, passkey_prompt(tokenizer, length, depth, key))
+    answer, reused = answer_passkey(model, tokenizer, passkey_prompt(tokenizer, length, depth, key), prefix=prefix)
     return PasskeyRecord(
         method=method,
         config=[] if config is None else config,
@@ -129,6 +132,7 @@ def passkey_trial(
         correct=is_correct(answer, key),
         seconds=time.perf_counter() - began,
         peak_memory_mb=peak_memory_mb(),
+        reused_tokens=reused,
     )
 
 

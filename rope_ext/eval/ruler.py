@@ -22,6 +22,7 @@ from torch import nn
 
 from rope_ext.eval.intervals import LEVEL, RESAMPLES, bootstrap, wilson
 from rope_ext.eval.perplexity import peak_memory_mb
+from rope_ext.eval.prefix import PrefixCache
 from rope_ext.eval.ruler_tasks import TASKS, Sample, make_sample, string_match_all
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import with_method
@@ -41,6 +42,7 @@ class RulerRecord:
     score: float
     seconds: float
     peak_memory_mb: float
+    reused_tokens: int = 0  # (the prompt's beginning taken from the previous trial's cache, ``PrefixCache``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,26 +58,29 @@ def trial_depth(task: str, trial: int, depths: list[float]) -> float | None:
 
 
 @torch.no_grad()
-def answer(model: nn.Module, tokenizer: Any, sample: Sample, answer_tokens: int) -> str:
-    """The model's greedy continuation of the sample's prompt, at most ``answer_tokens`` tokens."""
+def answer(model: nn.Module, tokenizer: Any, sample: Sample, answer_tokens: int,
+           prefix: PrefixCache | None = None) -> tuple[str, int]:
+    """The model's greedy continuation of the sample's prompt, at most ``answer_tokens`` tokens, and the tokens of
+    the prompt's beginning reused from ``prefix``'s last prompt."""
     device = next(model.parameters()).device
     ids = torch.tensor([tokenizer(sample.prompt)["input_ids"]], device=device)
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=answer_tokens, do_sample=False,
+    out, reused = (prefix or PrefixCache(enabled=False)).generate(
+        model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=answer_tokens, do_sample=False,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
     )
-    return tokenizer.decode(out[0, ids.shape[-1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, ids.shape[-1]:], skip_special_tokens=True), reused
 
 
 def ruler_trial(model: nn.Module, tokenizer: Any, sample: Sample, task: str, length: int, trial: int, *,
-                method: str = "none", config: list[dict[str, Any]] | None = None) -> RulerRecord:
+                method: str = "none", config: list[dict[str, Any]] | None = None,
+                prefix: PrefixCache | None = None) -> RulerRecord:
     began = time.perf_counter()
-    text = answer(model, tokenizer, sample, TASKS[task].answer_tokens)
+    text, reused = answer(model, tokenizer, sample, TASKS[task].answer_tokens, prefix)
     return RulerRecord(
         method=method, config=config or [], task=task, length=length, trial=trial, depth=sample.depth,
         prompt_tokens=sample.prompt_tokens, answer=text, references=list(sample.references),
         score=string_match_all(text, sample.references), seconds=time.perf_counter() - began,
-        peak_memory_mb=peak_memory_mb(),
+        peak_memory_mb=peak_memory_mb(), reused_tokens=reused,
     )
 
 
@@ -173,10 +178,13 @@ def run_ruler(
         todo = [c for c in cells[spec] if ruler_key(spec, *c) not in done]
         bar.update(len(cells[spec]) - len(todo))
 
+        # (trials that share their prompt's beginning reuse its cache, for methods whose frequencies are static)
+        prefix = PrefixCache(enabled=not any(getattr(c, "dynamic", False) for c in configs))
+
         def evaluate() -> None:
             for task, length, trial in todo:
                 record = ruler_trial(model, tokenizer, samples[(task, length, trial)], task, length, trial, method=spec,
-                                     config=[c.to_dict() for c in configs])
+                                     config=[c.to_dict() for c in configs], prefix=prefix)
                 store.append(record.to_dict())
                 bar.update(1)
 

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from rope_ext.eval.data import Document
 from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
 from rope_ext.eval.passkey import ANSWER_POSITIONS, PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
+from rope_ext.eval.prefix import PrefixCache
 from rope_ext.eval.perplexity import PerplexityRecord, evaluate_document, record_key, summarize, target_spans
 from rope_ext.families.limits import position_limit
 from rope_ext.methods import MethodConfig
@@ -266,10 +267,14 @@ def run_passkey(
         todo = [cell for cell in cells if passkey_key(spec, *cell) not in done]
         bar.update(len(cells) - len(todo))
 
+        # (trials at one length and depth share the prompt up to the key: its cache reused, for static methods)
+        prefix = PrefixCache(enabled=not _dynamic(configs))
+
         def evaluate() -> None:
             for length, depth, trial in todo:
                 record = passkey_trial(
-                    model, tokenizer, length, depth, trial, method=spec, config=_config_dicts(configs), seed=seed
+                    model, tokenizer, length, depth, trial, method=spec, config=_config_dicts(configs), seed=seed,
+                    prefix=prefix,
                 )
                 store.append(record.to_dict())
                 bar.update(1)

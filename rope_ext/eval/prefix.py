@@ -1,0 +1,56 @@
+"""Retrieval trials that share their prompt's beginning (the same task text and haystack up to the needle, at one
+length and depth) reuse its keys and values through the KV cache: the previous prompt's cache cut back to the tokens
+both prompts share (``DynamicCache.crop``), and only the rest computed. Exact where the method's cache is (rope_ext
+tests every method's cached generation against the full forward), and only for methods whose frequencies do not
+follow the current length (a dynamic method's prefix would keep the frequencies of the previous, longer prompt).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the fewest shared tokens worth reusing (below it the prompt runs whole)
+MIN_SHARED = 64
+
+
+class PrefixCache:
+    """The last prompt's token ids and the cache it left (``enabled=False``: every prompt runs whole)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.ids: torch.Tensor | None = None
+        self.cache: Any = None
+
+    def shared(self, ids: torch.Tensor) -> int:
+        """How many leading tokens ``ids [1, n]`` shares with the last prompt (at most ``n - 1``: one token is always
+        computed, the one whose logits start the answer)."""
+        if not self.enabled or self.ids is None or self.cache is None:
+            return 0
+        n = min(self.ids.shape[-1], ids.shape[-1] - 1)
+        same = (self.ids[0, :n] == ids[0, :n].to(self.ids.device)).to(torch.int64)
+        count = int(same.cumprod(0).sum()) if n > 0 else 0
+        return count if count >= MIN_SHARED else 0
+
+    @torch.no_grad()
+    def generate(self, model: nn.Module, ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, int]:
+        """``model.generate(ids, ...)`` with the shared beginning's cache reused; ``(output ids, tokens reused)``."""
+        from transformers import DynamicCache
+
+        reused, cache = self.shared(ids), None
+        if reused:
+            try:  # (transformers 5 crops by the count of tokens removed, given negative)
+                extra = self.cache.get_seq_length() - reused
+                if extra > 0:
+                    self.cache.crop(-extra)
+                cache = self.cache
+            except (RuntimeError, ValueError):  # (a sliding-window layer past its window keeps no past: run whole)
+                reused = 0
+        if cache is None:
+            cache = DynamicCache(config=model.config)
+        out = model.generate(ids, past_key_values=cache, **kwargs)
+        if self.enabled:
+            self.ids, self.cache = ids.detach().clone(), cache
+        return out, reused
