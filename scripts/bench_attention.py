@@ -4,7 +4,8 @@ window methods at short lengths, the reference repositories' two-matrix strategy
 ``--materialised-max``, BLOOM's materialised bias); then decode after the longest prompt.
 
 Prefill: every measurement runs in its own process, in ``--rounds`` interleaved rounds (each round measures
-every configuration once, length by length), and is reported as a ratio to the same round's SDPA: the median
+every configuration once, length by length, SDPA first and then last: the order reversed every other round), and is
+reported as a ratio to the same round's SDPA: the median
 over rounds with the smallest and largest. Memory is what the prefill itself adds, the peak resident set sampled
 every 0.5 ms during the prefill minus the resident set just before it (after a warm-up and ``malloc_trim``), so a
 short prefill is seen (not the process's ``ru_maxrss``, which the model's loading sets). It is measured twice
@@ -15,7 +16,8 @@ the memory the prefill actually holds), ``--memory-rounds`` rounds of the latter
 Decode runs in one more process: each configuration on its own copy of the model prefills the longest prompt
 once (a position rule's cache holds unrotated keys: it belongs to its patch), then decodes
 ``--decode-tokens`` greedy tokens from a copy of its cache (the rotated-key copy of a patched model is built at
-its first step), in ``--decode-rounds`` interleaved rounds of SDPA and each method. Reported per configuration: the first
+its first step), in ``--decode-rounds`` interleaved rounds of SDPA and each method (the order reversed every other
+round). Reported per configuration: the first
 step (for the methods it builds the rotated copy of the cached keys: one rotation of every key per layer)
 and the steady rate of the steps after it, each as the median over rounds and as a ratio to SDPA of the
 same round.
@@ -177,7 +179,7 @@ def _decode_child(methods: list[str], length: int, tokens: int, rounds: int, thr
         print(f"prefilled {config}", file=sys.stderr, flush=True)
     rows = []
     for round_ in range(rounds):
-        for config in ["sdpa"] + methods:
+        for config in _ordered(["sdpa"] + methods, round_):
             model, (cache, token) = models[config], prefilled[config]
             cache, steps = copy.deepcopy(cache), []
             with torch.no_grad():
@@ -191,6 +193,11 @@ def _decode_child(methods: list[str], length: int, tokens: int, rounds: int, thr
                          "tokens_per_second": len(steps) / sum(steps)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
+
+
+def _ordered(configs: list[str], round_: int) -> list[str]:
+    """Every other round in the reverse order (SDPA first, then last), so that no configuration always runs first."""
+    return configs if round_ % 2 == 0 else configs[::-1]
 
 
 def _spread(values: list[float]) -> dict | None:
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             if malloc == "default":
                 configs += [f"{m}@two_matrix" for m in methods if m in window_methods and length <= args.two_matrix_max]
                 configs += [f"{m}@materialised" for m in methods if _is_bias(m) and length <= args.materialised_max]
-            for config in configs:
+            for config in _ordered(configs, round_):
                 command = [sys.executable, __file__, "--child", config, "--length", str(length), "--threads", str(args.threads),
                            "--model", args.model, "--child-memory-gb", str(args.child_memory_gb)]
                 result = subprocess.run(command, capture_output=True, text=True, env=env)

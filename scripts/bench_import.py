@@ -1,6 +1,7 @@
 """Start-up cost of ``import rope_ext``: seconds over ``import transformers.modeling_utils`` (which any use of
-rope_ext needs anyway), each in a fresh interpreter, interleaved with the baseline, with the modeling modules the
-import pulls in. Writes JSON (``--out``); ``python -X importtime -c "import rope_ext"`` shows the breakdown.
+rope_ext needs anyway), each in a fresh interpreter, interleaved with the baseline (the order reversed every other
+round), with the modeling modules the import pulls in. Writes JSON (``--out``);
+``python -X importtime -c "import rope_ext"`` shows the breakdown.
 
     python scripts/bench_import.py --rounds 7 --out docs/results/bench_import.json
     python scripts/bench_import.py --rounds 7 --pythonpath /tmp/oldpkg --out docs/results/bench_import_c4daf92.json
@@ -46,9 +47,13 @@ def main() -> None:
     parser.add_argument("--pythonpath", help="import rope_ext from this folder instead (an older checkout's copy)")
     args = parser.parse_args()
     rows = []
-    for _ in range(args.rounds):  # interleaved: the cost of rope_ext on top, and of nothing on top
-        _, rope_ext_seconds, models = _run("import rope_ext", args.pythonpath)
-        _, nothing_seconds, _ = _run("", args.pythonpath)
+    for round_ in range(args.rounds):  # interleaved: the cost of rope_ext on top, and of nothing on top
+        if round_ % 2 == 0:  # (every other round in the reverse order: neither always runs first)
+            _, rope_ext_seconds, models = _run("import rope_ext", args.pythonpath)
+            _, nothing_seconds, _ = _run("", args.pythonpath)
+        else:
+            _, nothing_seconds, _ = _run("", args.pythonpath)
+            _, rope_ext_seconds, models = _run("import rope_ext", args.pythonpath)
         rows.append({"rope_ext_s": rope_ext_seconds, "nothing_s": nothing_seconds, "modeling_modules": models})
     costs = sorted(r["rope_ext_s"] - r["nothing_s"] for r in rows)
     summary = {

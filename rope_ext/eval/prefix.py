@@ -39,6 +39,8 @@ class PrefixCache:
         """``model.generate(ids, ...)`` with the shared beginning's cache reused; ``(output ids, tokens reused)``."""
         from transformers import DynamicCache
 
+        if not self.enabled:
+            return model.generate(ids, **kwargs), 0
         reused, cache = self.shared(ids), None
         if reused:
             try:  # (transformers 5 crops by the count of tokens removed, given negative)
@@ -51,6 +53,5 @@ class PrefixCache:
         if cache is None:
             cache = DynamicCache(config=model.config)
         out = model.generate(ids, past_key_values=cache, **kwargs)
-        if self.enabled:
-            self.ids, self.cache = ids.detach().clone(), cache
+        self.ids, self.cache = ids.detach().clone(), cache
         return out, reused
