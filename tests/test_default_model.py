@@ -70,3 +70,23 @@ def test_the_default_model_saves_patched_and_reloads(default_model, tmp_path):
     assert isinstance(rope_ext.get_patch(reloaded), rope_ext.methods.YarnConfig)
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=ids).logits, expected)
+
+
+def test_rulers_tasks_run_on_the_default_model(default_model, tmp_path):
+    """RULER's tasks on the default model offline (its GGUF's tokenizer): the prompt and answer within the length,
+    scored, the unpatched model finding the single needle at 1k (the noise haystack: its easiest task; one trial a
+    method, the rest is tests/test_ruler.py's on a tiny model)."""
+    from rope_ext.eval.ruler import run_ruler
+    from rope_ext.eval.ruler_tasks import TASKS
+    from rope_ext.methods import make_configs
+    from rope_ext.runs.results import ResultStore
+
+    model, tokenizer = default_model
+    store = ResultStore(tmp_path, "ruler", {"kind": "ruler"})
+    methods = {"none": [], "yarn:factor=2": make_configs("yarn:factor=2")}
+    summary = run_ruler(model, tokenizer, methods, ["niah_single_1"], [1024], 1, [0.5], store)
+    records = store.records()
+    assert len(records) == 2
+    assert all(r["prompt_tokens"] + TASKS[r["task"]].answer_tokens <= 1024 for r in records)
+    found = {(r["method"], r["task"]): r["score"] for r in summary}
+    assert found[("none", "niah_single_1")] == 100.0

@@ -80,3 +80,15 @@ def test_the_tokenizer_is_named_for_rulers_tasks_where_model_args_name_none(chec
     given = [*argv[:-1], f"pretrained={checkpoint},tokenizer=other"]
     assert with_tokenizer(given) == given
     assert with_tokenizer(["run", "--model", "hf", "--model_args", "pretrained=x"])[-1] == "pretrained=x"
+
+
+def test_rope_ext_lm_eval_runs_the_default_model_offline(tmp_path):
+    """The issue's own command, offline from a fresh clone: the default model patched with yarn, lm-eval's RULER
+    niah_single_1 at 1k (one sample), the tokenizer its data needs saved from the GGUF and named by rope-ext-lm-eval."""
+    main(["run", "--model", MODEL_TYPE, "--model_args", "pretrained=default,methods=yarn:factor=2", "--tasks",
+          "niah_single_1", "--limit", "1", "--metadata", '{"max_seq_lengths": [1024]}', "--output_path",
+          str(tmp_path), "--device", "cpu"])
+    (written,) = tmp_path.rglob("results_*.json")
+    results = json.loads(written.read_text())
+    assert 0 <= results["results"]["niah_single_1"]["1024,none"] <= 1
+    assert results["config"]["model_args"]["tokenizer"].endswith("rope_ext/default-tokenizer")
