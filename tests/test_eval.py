@@ -761,6 +761,7 @@ def test_windows_are_independent_targets_with_intervals_and_a_paired_ratio(tmp_p
     assert main([*common, "--lengths", "32,64", "--windows", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "with 95% intervals over 4 windows" in printed and "(paired), with its 95% interval" in printed
+    assert "--windows 4: 4 window(s) of 64 tokens from the document(s) (doc.txt)" in printed
     results = json.loads((out / "ppl.json").read_text())
     assert results["run"]["windows"] == 4
     assert sorted({r["document"] for r in results["records"]}) == ["doc.txt @0", "doc.txt @128", "doc.txt @192",

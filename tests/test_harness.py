@@ -80,6 +80,8 @@ def test_the_tokenizer_is_named_for_rulers_tasks_where_model_args_name_none(chec
     given = [*argv[:-1], f"pretrained={checkpoint},tokenizer=other"]
     assert with_tokenizer(given) == given
     assert with_tokenizer(["run", "--model", "hf", "--model_args", "pretrained=x"])[-1] == "pretrained=x"
+    joined = ["run", f"--model={MODEL_TYPE}", f"--model_args=pretrained={checkpoint}"]  # (lm-eval's = form too)
+    assert with_tokenizer(joined)[-1] == f"pretrained={checkpoint},tokenizer={checkpoint}"
 
 
 def test_rope_ext_lm_eval_runs_the_default_model_offline(tmp_path):

@@ -28,6 +28,12 @@ def test_wilson_intervals_at_hand_values(successes, trials, low, high):
     assert got == pytest.approx((low, high), abs=1e-9)
 
 
+def test_wilson_is_exactly_0_and_1_at_the_ends():
+    """(A trial found low 5.6e-15 above a score of 0, high 1 - 1e-16 below a score of 1: rounding.)"""
+    for n in range(1, 30):
+        assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0
+
+
 def test_wilson_refuses_impossible_counts():
     for successes, trials in ((1, 0), (-1, 3), (4, 3)):
         with pytest.raises(ValueError, match="a proportion needs 0 <= successes <= trials and trials >= 1"):

@@ -172,6 +172,10 @@ def test_summary_rows_intervals_and_effective_length():
     assert cell[("none", "average", 1024)]["tasks"] == ["niah_single_1", "vt"]
     average = cell[("yarn", "average", 2048)]
     assert average["low"] <= average["score"] <= average["high"] and average["trials"] == 8
+    agreeing = summarize_ruler(records("none", "niah_single_1", 1024, [1, 1]) + records("none", "vt", 1024, [0, 0]))
+    average = next(r for r in agreeing if r["task"] == "average")  # (each task's trials agree: no certainty)
+    assert average["score"] == 50.0 and average["low"] < 50.0 < average["high"]
+    assert average["low"] == pytest.approx((34.2372 + 0.0) / 2, abs=1e-3)  # (the mean of the tasks' Wilson bounds)
     threshold, effective = effective_lengths(rows, None)  # (none's average at its shortest length)
     assert threshold == pytest.approx(72.5) and effective == {"none": 1024, "yarn": 2048}
     assert effective_lengths(rows, 95.0) == (95.0, {"none": None, "yarn": 1024})
@@ -213,10 +217,17 @@ def test_cli_eval_ruler_writes_scores_resumes_and_refuses_another_configuration(
 @pytest.mark.parametrize(("extra", "message"), [
     (["--tasks", "niah"], "argument --tasks: unknown task 'niah'; valid tasks: all, niah_single_1,"),
     (["--threshold", "101"], "argument --threshold: must be a score in [0, 100] (RULER's scale, e.g. 85.6), got '101'"),
+    (["--tasks", "all,vt"], "argument --tasks: 'all' stands alone (every task); got 'all,vt'"),
     (["--lengths", "256"], "length 256 is too short for RULER's vt: "),
+    (["binary"], "--text-files: "),
+    (["--device", "auto"], "--device auto spreads the model over the GPUs (accelerate's device map), and this machine "),
 ])
 def test_cli_eval_ruler_refuses_bad_options_in_one_line(tmp_path, tiny_checkpoint, capsys, extra, message):
     checkpoint, text = tiny_checkpoint
+    if extra == ["binary"]:  # (a haystack text that is not UTF-8: named with its option)
+        text = tmp_path / "bin.dat"
+        text.write_bytes(b"\x00\x90\xff\xfe" * 10)
+        extra = []
     assert _ruler(checkpoint, text, tmp_path / "bad", *extra) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "bad" / "ruler_records.jsonl").exists()

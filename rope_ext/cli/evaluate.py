@@ -140,13 +140,16 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         store.configure(run_config)
     limits = check_methods(model, args.methods, site_options, lengths)
     print(f"{len(documents)} document(s): " + ", ".join(f"{d.title} ({d.num_tokens} tokens)" for d in documents))
-    if set(target_lengths) != set(lengths):
+    if folder and set(target_lengths) != set(lengths):
         print(
             f"resuming {args.out}: the positions scored follow its lengths with this run's "
             f"({','.join(map(str, target_lengths))}); evaluating {','.join(map(str, lengths))}"
         )
     for line in left_out(limits, args.methods, lengths):
         print(line)
+    if args.windows > 1:  # (a document holds as many windows as its tokens do: said, not silently fewer)
+        print(f"--windows {args.windows}: {len(documents)} window(s) of {max(target_lengths)} tokens from the "
+              f"document(s) ({', '.join(sorted({d.title.rsplit(' @', 1)[0] for d in documents}))})")
     summary = run_perplexity(
         model,
         documents,
@@ -238,8 +241,9 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
                         seed=args.seed, text_words=words, site_options=site_options, limits=limits)
     rows = [{"method": r["method"], "length": r["length"],
              "score": f"{r['score']:.1f} ({r['low']:.0f}-{r['high']:.0f})"} for r in summary if r["task"] == "average"]
-    print_table(rows, "score", "s", f"RULER score (x100), the mean over {len(args.tasks)} task(s) x {args.trials} "
-                "trial(s), with its 95% interval; per task: " + str(Path(args.out) / "ruler_summary.csv"))
+    print_table(rows, "score", "s", f"RULER score (x100), the mean over this run's {len(args.tasks)} task(s) x "
+                f"{args.trials} trial(s), with its 95% interval; per task, and every record of the folder: "
+                + str(Path(args.out) / "ruler_summary.csv"))
     threshold, effective = effective_lengths(summary, args.threshold)
     if threshold is None:
         print("effective length: give --threshold, or include the unpatched model (none) in --methods")
@@ -258,7 +262,13 @@ def _length_or_below(length: int | None, lengths: list[int]) -> str:
 def haystack_words(text_files: list[str] | None) -> list[str]:
     """The words of the text tasks' haystack: the files given, else the King James Bible."""
     if text_files:
-        return " ".join(Path(path).read_text(encoding="utf-8") for path in text_files).split()
+        words = []
+        for path in text_files:
+            try:
+                words += Path(path).read_text(encoding="utf-8").split()
+            except UnicodeDecodeError as error:
+                raise ValueError(f"--text-files: {path} is not UTF-8 text ({error})") from None
+        return words
     from rope_ext.eval.corpus import kjv_text
 
     return kjv_text().split()

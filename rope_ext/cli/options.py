@@ -53,6 +53,8 @@ def task_list(text: str) -> list[str]:
     names = comma_items(text, "task")
     if names == ["all"]:
         return list(TASKS)
+    if "all" in names:
+        raise ValueError(f"'all' stands alone (every task); got {text!r}")
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
         raise ValueError(f"unknown task {(unknown or [text])[0]!r}; valid tasks: all, {', '.join(TASKS)}")

@@ -117,8 +117,8 @@ def register() -> type:
 def with_tokenizer(argv: list[str]) -> list[str]:
     """lm-eval's arguments with ``tokenizer=<folder>`` added to a ``rope_ext`` model's ``--model_args`` that names
     none (RULER's tasks load the tokenizer named there; ``pretrained=default`` names no folder)."""
-    argv = list(argv)
-    if "--model_args" not in argv or MODEL_TYPE not in argv:
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
+    if "--model_args" not in argv or MODEL_TYPE not in argv:  # (``--model_args=...`` split as lm-eval reads it)
         return argv
     at = argv.index("--model_args") + 1
     if at >= len(argv):
@@ -134,5 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate
 
     register()
-    sys.argv = ["lm_eval", *with_tokenizer(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
+    try:
+        sys.argv = ["lm_eval", *with_tokenizer(sys.argv[1:] if argv is None else argv)]
+        cli_evaluate()
+    except (ValueError, OSError) as error:  # (the rope_ext model's own refusals: one line, as rope-ext's)
+        if argv is not None:
+            raise
+        print(f"rope-ext-lm-eval: error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None

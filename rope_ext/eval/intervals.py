@@ -38,7 +38,8 @@ def wilson(successes: int, trials: int, level: float = LEVEL) -> tuple[float, fl
     p, n = successes / trials, trials
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # (exactly 0 at no successes and 1 at all: the formula's own bounds, which rounding would leave a hair off)
+    return 0.0 if successes == 0 else max(0.0, centre - half), 1.0 if successes == trials else min(1.0, centre + half)
 
 
 def bootstrap(

@@ -191,7 +191,9 @@ def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[i
 
     def unfilled(too_long: list[int]) -> ValueError:
         named = ",".join(map(str, too_long))
-        whose = "" if set(too_long) & set(lengths) else " (the results folder's, which this run resumes)"
+        end = getattr(args, "target_end", None)
+        whose = "" if set(too_long) & set(lengths) else (
+            " (--target-end)" if too_long == [end] else " (the results folder's, which this run resumes)")
         return ValueError(
             f"--lengths {named}{whose}: no document is that long (the longest, {longest.title!r}, has "
             f"{longest.num_tokens} tokens); give lengths up to {longest.num_tokens}{also}, or longer texts"

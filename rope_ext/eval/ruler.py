@@ -6,7 +6,8 @@ continues the prompt greedily for at most the task's answer budget (the prompt a
 stopping at its end-of-sequence token. A sample scores RULER's ``string_match_all``: the fraction of its references
 the answer contains. Per method, task and length: the mean score (x100, as RULER's tables) with a 95% interval over
 the trials (Wilson's where every sample has one reference, a right-or-wrong score; else the percentile bootstrap);
-per method and length: the mean over the tasks, its interval a bootstrap of the trials within each task. The
+per method and length: the mean over the tasks, its interval the wider of a bootstrap of the trials within each
+task and the mean of the tasks' own intervals. The
 effective length of a method: the longest length at which its mean, and its mean at every shorter length, stays at or
 above the threshold (given, else the unpatched model's mean at the run's shortest length).
 """
@@ -93,17 +94,21 @@ def _interval(records: list[dict[str, Any]]) -> tuple[float, float]:
     return 100 * low, 100 * high
 
 
-def _stratified(groups: list[list[float]], seed: int = 0) -> tuple[float, float]:
-    """Bootstrap interval of the mean over groups of their means, each group's trials resampled apart."""
+def _stratified(groups: list[list[dict[str, Any]]], seed: int = 0) -> tuple[float, float]:
+    """The interval of the mean over tasks of their means: the wider of a bootstrap of each task's trials resampled
+    apart and the mean of the tasks' own intervals (the bootstrap alone is empty where every task's trials agree:
+    few trials, each right or wrong, claim no certainty)."""
     generator = torch.Generator().manual_seed(seed)
     means = []
-    for scores in groups:
-        values = torch.tensor(scores, dtype=torch.float64)
-        picks = torch.randint(0, len(scores), (RESAMPLES, len(scores)), generator=generator)
+    for records in groups:
+        values = torch.tensor([r["score"] for r in records], dtype=torch.float64)
+        picks = torch.randint(0, len(records), (RESAMPLES, len(records)), generator=generator)
         means.append(values[picks].mean(-1))
     stats = torch.stack(means).mean(0)
     low, high = torch.quantile(stats, torch.tensor([(1 - LEVEL) / 2, (1 + LEVEL) / 2], dtype=torch.float64))
-    return 100 * low.item(), 100 * high.item()
+    own = [_interval(records) for records in groups]
+    return (min(100 * low.item(), sum(i[0] for i in own) / len(own)),
+            max(100 * high.item(), sum(i[1] for i in own) / len(own)))
 
 
 def summarize_ruler(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,16 +123,16 @@ def summarize_ruler(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"method": method, "task": task, "length": length, "trials": len(group),
                      "score": 100 * sum(r["score"] for r in group) / len(group), "low": low, "high": high,
                      "tasks": [task]})
-    averaged: dict[tuple, list[list[float]]] = {}
+    averaged: dict[tuple, list[list[dict[str, Any]]]] = {}
     tasks: dict[tuple, list[str]] = {}
     for (method, task, length), group in cells.items():
-        averaged.setdefault((method, length), []).append([r["score"] for r in group])
+        averaged.setdefault((method, length), []).append(group)
         tasks.setdefault((method, length), []).append(task)
     for (method, length), groups in averaged.items():
         low, high = _stratified(groups)
+        score = 100 * sum(sum(r["score"] for r in g) / len(g) for g in groups) / len(groups)
         rows.append({"method": method, "task": "average", "length": length, "trials": sum(map(len, groups)),
-                     "score": 100 * sum(sum(g) / len(g) for g in groups) / len(groups), "low": low, "high": high,
-                     "tasks": sorted(tasks[(method, length)])})
+                     "score": score, "low": low, "high": high, "tasks": sorted(tasks[(method, length)])})
     return rows
 
 

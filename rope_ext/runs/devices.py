@@ -38,6 +38,9 @@ def devices_here() -> list[str]:
 def check_device(device: str) -> None:
     """Refuse a device this machine lacks (``auto`` needs a GPU: on the CPU alone it is ``cpu``)."""
     here = devices_here()
+    if device == "auto" and device not in here:
+        raise ValueError(f"--device auto spreads the model over the GPUs (accelerate's device map), and this machine "
+                         f"has none (torch {torch.__version__}); here: {', '.join(here)}")
     if device not in here:
         raise ValueError(f"--device {device}: this machine has no such device (torch {torch.__version__}); here: "
                          f"{', '.join(here)}")
