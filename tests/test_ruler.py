@@ -195,7 +195,7 @@ def test_cli_eval_ruler_writes_scores_resumes_and_refuses_another_configuration(
     out = tmp_path / "ruler"
     assert _ruler(checkpoint, text, out) == 0
     printed = capsys.readouterr().out
-    assert "RULER score (x100), the mean over 4 task(s) x 2 trial(s), with its 95% interval" in printed
+    assert "RULER score (x100), the mean over this run's 4 task(s) x 2 trial(s), with its 95% interval" in printed
     assert "effective length (longest length whose score, and every shorter one's, is >= " in printed
     results = json.loads((out / "ruler.json").read_text())
     assert len(results["records"]) == 2 * 4 * 2
