@@ -220,7 +220,11 @@ def test_cli_eval_ruler_writes_scores_resumes_and_refuses_another_configuration(
     (["--tasks", "all,vt"], "argument --tasks: 'all' stands alone (every task); got 'all,vt'"),
     (["--lengths", "256"], "length 256 is too short for RULER's vt: "),
     (["binary"], "--text-files: "),
-    (["--device", "auto"], "--device auto spreads the model over the GPUs (accelerate's device map), and this machine "),
+    (["--tasks", "vt"], "--text-files: no task of --tasks vt takes its haystack from a text (those that do: "
+                        "niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, niah_multiquery); leave "
+                        "it out"),
+    (["--device", "auto"], "--device auto spreads the model over the GPUs (accelerate's device map), and this "
+                           "machine "),
 ])
 def test_cli_eval_ruler_refuses_bad_options_in_one_line(tmp_path, tiny_checkpoint, capsys, extra, message):
     checkpoint, text = tiny_checkpoint

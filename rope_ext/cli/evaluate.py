@@ -227,6 +227,10 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
     site_options = site_options_of(args)  # (checked before the model loads)
     store = ResultStore(args.out, "ruler", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     texts = [t for t in args.tasks if TASKS[t].haystack == "text"]
+    if args.text_files and not texts:  # (said, not silently ignored)
+        takers = ", ".join(t for t in TASKS if TASKS[t].haystack == "text")
+        raise ValueError(f"--text-files: no task of --tasks {','.join(args.tasks)} takes its haystack from a text "
+                         f"(those that do: {takers}); leave it out")
     words = haystack_words(args.text_files) if texts else []
     model, tokenizer, native = load_for_evaluation(args)
     fitting_defaults(model, args)

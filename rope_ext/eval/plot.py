@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation
 
+from rope_ext.eval.ruler import effective_lengths
 from rope_ext.eval.styles import method_styles
 from rope_ext.runs.results import load_results
 
@@ -247,11 +248,19 @@ def plot_ruler(out: str | Path) -> list[Path]:
     figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     axis = figure.subplots()
     styled = method_styles(methods)
+    threshold, effective = effective_lengths(rows, None)  # (the legend says each method's, where none was run)
     for method in methods:
         mine = sorted((r["length"], r["score"], r["low"], r["high"]) for r in rows if r["method"] == method)
+        reach = effective.get(method)
+        shown = _length_label(reach) if reach else "<" + _length_label(mine[0][0])
+        label = method if threshold is None else f"{method} (effective {shown})"
         axis.errorbar([m[0] for m in mine], [m[1] for m in mine], yerr=[[m[1] - m[2] for m in mine],
-                      [m[3] - m[1] for m in mine]], label=method, color=styled[method][0], capsize=3,
+                      [m[3] - m[1] for m in mine]], label=label, color=styled[method][0], capsize=3,
                       marker=styled[method][1], linestyle=styled[method][2])
+    if threshold is not None:
+        axis.axhline(threshold, color="grey", linestyle=":", linewidth=1)
+        axis.text(lengths[0], threshold, f" threshold {threshold:.1f} (none at {_length_label(lengths[0])})",
+                  va="bottom", ha="left", color="grey", fontsize=8)
     axis.set_xscale("log", base=2)
     axis.set_xticks(lengths, [_length_label(L) for L in lengths])
     axis.xaxis.minorticks_off()
