@@ -17,7 +17,7 @@ from torch import nn
 
 from rope_ext.eval.intervals import wilson
 from rope_ext.eval.perplexity import peak_memory_mb
-from rope_ext.eval.prefix import PrefixCache
+from rope_ext.eval.prefix import PrefixCache, greedy_answer
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. "
@@ -80,21 +80,6 @@ ANSWER_TOKENS = 8
 ANSWER_POSITIONS = ANSWER_TOKENS - 1
 
 
-@torch.no_grad()
-def answer_passkey(
-    model: nn.Module, tokenizer: Any, prompt: torch.Tensor, max_new_tokens: int = ANSWER_TOKENS,
-    prefix: PrefixCache | None = None,
-) -> tuple[str, int]:
-    """The greedy answer to ``prompt`` and the tokens of its beginning reused from ``prefix``'s last prompt."""
-    device = next(model.parameters()).device
-    ids = prompt.to(device)
-    out, reused = (prefix or PrefixCache(enabled=False)).generate(
-        model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-    )
-    return tokenizer.decode(out[0, prompt.shape[-1] :], skip_special_tokens=True), reused
-
-
 def is_correct(answer: str, key: str) -> bool:
     match = re.search(r"\d+", answer)
     return match is not None and match.group() == key
@@ -120,7 +105,8 @@ def passkey_trial(
 ) -> PasskeyRecord:
     key = trial_key(seed, length, depth, trial)
     began = time.perf_counter()
-    answer, reused = answer_passkey(model, tokenizer, passkey_prompt(tokenizer, length, depth, key), prefix=prefix)
+    prompt = passkey_prompt(tokenizer, length, depth, key)
+    answer, reused = greedy_answer(model, tokenizer, prompt, ANSWER_TOKENS, prefix)
     return PasskeyRecord(
         method=method,
         config=[] if config is None else config,

@@ -55,3 +55,16 @@ class PrefixCache:
         out = model.generate(ids, past_key_values=cache, **kwargs)
         self.ids, self.cache = ids.detach().clone(), cache
         return out, reused
+
+
+@torch.no_grad()
+def greedy_answer(model: nn.Module, tokenizer: Any, ids: torch.Tensor, max_new_tokens: int,
+                  prefix: PrefixCache | None = None) -> tuple[str, int]:
+    """The model's greedy continuation of ``ids [1, n]`` (at most ``max_new_tokens`` tokens, decoded) and the tokens
+    of its beginning reused from ``prefix``'s last prompt (none without one)."""
+    ids = ids.to(next(model.parameters()).device)
+    out, reused = (prefix or PrefixCache(enabled=False)).generate(
+        model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    return tokenizer.decode(out[0, ids.shape[-1]:], skip_special_tokens=True), reused

@@ -23,7 +23,7 @@ from torch import nn
 
 from rope_ext.eval.intervals import LEVEL, RESAMPLES, bootstrap, wilson
 from rope_ext.eval.perplexity import peak_memory_mb
-from rope_ext.eval.prefix import PrefixCache
+from rope_ext.eval.prefix import PrefixCache, greedy_answer
 from rope_ext.eval.ruler_tasks import TASKS, Sample, make_sample, string_match_all
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import with_method
@@ -58,25 +58,12 @@ def trial_depth(task: str, trial: int, depths: list[float]) -> float | None:
     return depths[trial % len(depths)] if TASKS[task].takes_depth else None
 
 
-@torch.no_grad()
-def answer(model: nn.Module, tokenizer: Any, sample: Sample, answer_tokens: int,
-           prefix: PrefixCache | None = None) -> tuple[str, int]:
-    """The model's greedy continuation of the sample's prompt, at most ``answer_tokens`` tokens, and the tokens of
-    the prompt's beginning reused from ``prefix``'s last prompt."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([tokenizer(sample.prompt)["input_ids"]], device=device)
-    out, reused = (prefix or PrefixCache(enabled=False)).generate(
-        model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=answer_tokens, do_sample=False,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-    )
-    return tokenizer.decode(out[0, ids.shape[-1]:], skip_special_tokens=True), reused
-
-
 def ruler_trial(model: nn.Module, tokenizer: Any, sample: Sample, task: str, length: int, trial: int, *,
                 method: str = "none", config: list[dict[str, Any]] | None = None,
                 prefix: PrefixCache | None = None) -> RulerRecord:
     began = time.perf_counter()
-    text, reused = answer(model, tokenizer, sample, TASKS[task].answer_tokens, prefix)
+    ids = torch.tensor([tokenizer(sample.prompt)["input_ids"]])
+    text, reused = greedy_answer(model, tokenizer, ids, TASKS[task].answer_tokens, prefix)
     return RulerRecord(
         method=method, config=config or [], task=task, length=length, trial=trial, depth=sample.depth,
         prompt_tokens=sample.prompt_tokens, answer=text, references=list(sample.references),

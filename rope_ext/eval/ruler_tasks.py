@@ -122,6 +122,12 @@ def word_list(kind: str) -> tuple[str, ...]:
     return tuple(sorted({line.strip() for line in text.splitlines() if line.strip()}))
 
 
+@functools.cache
+def word_pool() -> tuple[str, ...]:
+    """Common-words extraction's pool: wonderwords' nouns, adjectives and verbs together, sorted (RULER's)."""
+    return tuple(sorted({*word_list("nouns"), *word_list("adjectives"), *word_list("verbs")}))
+
+
 def count_tokens(tokenizer: Any, text: str) -> int:
     """The tokens ``text`` takes as the model is given it (the tokenizer's own special tokens included)."""
     return len(tokenizer(text)["input_ids"])
@@ -271,7 +277,7 @@ def variable_tracking(tokenizer: Any, length: int, rng: random.Random) -> Sample
 
 
 def _cwe_list(count: int, repeats: tuple[int, int], rng: random.Random) -> tuple[str, list[str]]:
-    pool = sorted({*word_list("nouns"), *word_list("adjectives"), *word_list("verbs")})
+    pool = word_pool()  # (built once: each build of the haystack search draws from it)
     words = rng.sample(pool, min(count, len(pool)))
     common, uncommon = words[:CWE_COMMON], words[CWE_COMMON:]
     listed = common * repeats[0] + uncommon * repeats[1]
@@ -295,7 +301,7 @@ def common_words(tokenizer: Any, length: int, rng: random.Random) -> Sample:
         context, found[n] = _cwe_list(CWE_COMMON + n, repeats, inner)
         return shown + "\n" + CWE_TEMPLATE.format(context=context) + CWE_ANSWER
 
-    most = len({*word_list("nouns"), *word_list("adjectives"), *word_list("verbs")}) - CWE_COMMON
+    most = len(word_pool()) - CWE_COMMON
     n = _fit(build, tokenizer, length - TASKS["cwe"].answer_tokens, most)
     prompt = build(n)
     return Sample(prompt, found[n], count_tokens(tokenizer, prompt))
