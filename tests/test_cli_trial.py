@@ -195,6 +195,53 @@ def test_curve_protocol_lengths_are_added_alone_beyond_the_last(tmp_path, tiny_c
     assert {length for _, length, _, _ in _spans(out)} == {32, 48, 64}
 
 
+def test_windows_whose_target_end_moves_are_refused_naming_the_end_not_a_changed_document(
+        tmp_path, tiny_checkpoint, capsys):
+    """``--windows``: each window is the target end's tokens, so a moved end (``--target-end``, or a longer length)
+    cuts other windows under the same names; the refusal says the targets differ, before and now, and how to resume
+    (it read as 'the document changed')."""
+    checkpoint, _ = tiny_checkpoint
+    text, out = _text(tmp_path / "doc.txt", 400), tmp_path / "run"
+    assert _ppl(checkpoint, out, "--target-end", "64", "--windows", "2", lengths="32", text=text) == 0
+    before = _lines(out / "ppl_records.jsonl")
+    capsys.readouterr()
+    assert _ppl(checkpoint, out, "--target-end", "128", "--windows", "2", lengths="32", text=text) == 2
+    err = capsys.readouterr().err
+    assert (f"rope-ext: error: --out {out} holds ppl results whose targets differ (where they end, --target-end: 64 "
+            "before, 128 now): --windows 2 scores each document's windows of the target end's tokens, so another end "
+            "scores other windows; re-run with --target-end 64 to resume, give another --out, or pass --overwrite to "
+            "replace them\n") in err and "the document changed" not in err
+    assert _ppl(checkpoint, out, "--windows", "2", lengths="32,64,128", text=text) == 2
+    assert ("whose targets differ (where they end, the longest of --lengths: 64 before, 128 now): --windows 2 scores "
+            "each document's windows of the target end's tokens, so another end scores other windows; re-run with "
+            "lengths up to 64 to resume") in capsys.readouterr().err
+    assert _lines(out / "ppl_records.jsonl") == before
+    assert _ppl(checkpoint, out, "--target-end", "64", "--windows", "2", lengths="32,64", text=text) == 0  # (resumed)
+    assert _ppl(checkpoint, out, "--overwrite", "--target-end", "128", "--windows", "2", lengths="32", text=text) == 0
+    assert _spans(out) == {("none", 32, 112, 128)}
+
+
+def test_a_resumed_run_writes_its_summary_in_the_order_of_a_run_in_one_go(tmp_path, tiny_checkpoint):
+    """The summary's rows by method as given, then length (passkey: then depth), however the folder's records came:
+    here the methods and lengths of a run in one go, in two runs of which the first did the last method and length."""
+    checkpoint, _ = tiny_checkpoint
+    text = _text(tmp_path / "doc.txt", 400)
+    assert _ppl(checkpoint, tmp_path / "one", lengths="32,64", methods="none,pi:factor=2", text=text) == 0
+    assert _ppl(checkpoint, tmp_path / "two", lengths="64", methods="pi:factor=2", text=text) == 0
+    assert _ppl(checkpoint, tmp_path / "two", lengths="32,64", methods="none,pi:factor=2", text=text) == 0
+    one, two = (_lines(tmp_path / run / "ppl_summary.csv") for run in ("one", "two"))
+    assert [line.split(",")[:3] for line in one[1:]] == [["none", "fixed", "32"], ["none", "fixed", "64"],
+                                                         ["pi:factor=2", "fixed", "32"], ["pi:factor=2", "fixed", "64"]]
+    assert two == one
+    passkey = ["eval", "passkey", "--model", str(checkpoint), "--depths", "0.2,0.8", "--trials", "1", "--no-plot"]
+    assert main([*passkey, "--lengths", "64,96", "--methods", "none,pi:factor=2", "--out", str(tmp_path / "p1")]) == 0
+    assert main([*passkey, "--lengths", "96", "--methods", "pi:factor=2", "--out", str(tmp_path / "p2")]) == 0
+    assert main([*passkey, "--lengths", "64,96", "--methods", "none,pi:factor=2", "--out", str(tmp_path / "p2")]) == 0
+    one, two = (_lines(tmp_path / run / "passkey_summary.csv") for run in ("p1", "p2"))
+    assert [line.split(",")[:3] for line in one[1:3]] == [["none", "64", "0.2"], ["none", "64", "0.8"]]
+    assert two == one
+
+
 # --- 4. files that are not documents; lengths no document provides -----------------------------------
 
 

@@ -21,8 +21,10 @@ from rope_ext.runs.specs import parse_method_spec, parse_methods
 from rope_ext.eval.data import Document, load_documents, tokenize_documents
 from rope_ext.eval.passkey import NEEDLE, is_correct, passkey_prompt, passkey_trial, trial_key
 from rope_ext.eval.perplexity import (
+    MAX_LENGTH,
     PerplexityRecord,
     evaluate_document,
+    parse_length,
     parse_lengths,
     sliding_window_nll,
     summarize,
@@ -190,6 +192,20 @@ def test_parse_lengths_and_methods():
         parse_methods("none,yarm:factor=2")
     with pytest.raises(ValueError, match=r"malformed method option 'factor'"):
         parse_methods("yarn:factor")
+
+
+def test_lengths_take_an_m_suffix_as_they_take_k_and_a_bad_suffix_is_named(tmp_path, capsys):
+    assert parse_length("1M") == parse_length("1m") == parse_length("1024k") == 1048576
+    assert parse_length(" 16M ") == MAX_LENGTH and parse_lengths("1M,32k,2m") == [32768, 1048576, 2097152]
+    with pytest.raises(ValueError, match=r"^malformed length '32g': unknown suffix 'g'; use k \(x1024\) or M "
+                                         r"\(x1048576\), e.g. 4k or 1M$"):
+        parse_lengths("4k,32g")
+    with pytest.raises(ValueError, match=r"^length '17M' is over 16777216 tokens \(16M\), the most a run takes$"):
+        parse_length("17M")
+    assert main(["eval", "ppl", "--lengths", "1kb", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == ("rope-ext: error: argument --lengths: malformed length '1kb': unknown suffix "
+                                       "'kb'; use k (x1024) or M (x1048576), e.g. 4k or 1M (see rope-ext eval ppl "
+                                       "--help)\n")
 
 
 def test_method_specs_take_json_values_and_combinations():

@@ -83,3 +83,39 @@ def test_methods_are_drawn_by_kind_each_distinct():
     assert styles["yarn:factor=2"][2] != styles["pi:factor=2"][2]  # (one kind: line styles in turn too)
     hue = lambda method: colors.rgb_to_hsv(colors.to_rgb(styles[method][0]))[0]  # noqa: E731
     assert abs(hue("yarn:factor=2") - hue("pi:factor=2")) < 0.05 and abs(hue("dca") - hue("yarn:factor=2")) > 0.2
+
+
+def _ruler_results(block: dict | None) -> dict:
+    summary = [{"method": method, "task": "average", "length": length, "score": score, "low": score - 5,
+                "high": score + 5, "tasks": ["vt"]}
+               for method, scores in {"none": (60.0, 40.0), "yarn:factor=4": (90.0, 80.0)}.items()
+               for length, score in zip((1024, 2048), scores)]
+    return {"run": {"model_name": "tiny"}, "summary": summary, **({"effective_length": block} if block else {})}
+
+
+def _threshold(axis) -> tuple[list[float], list[str], list[str]]:
+    return ([line.get_ydata()[0] for line in axis.lines if line.get_gid() == "threshold"],
+            [text.get_text() for text in axis.texts if text.get_gid() == "threshold"],
+            [text.get_text() for text in axis.get_legend().get_texts()])
+
+
+def test_the_ruler_plot_draws_the_threshold_and_effective_lengths_ruler_json_records(tmp_path):
+    """``--threshold 85``: the line at 85, said to be given, and each method's effective length at 85, as
+    ``ruler.json``'s ``effective_length`` holds them (not the unpatched model's 60); ``rope-ext plot`` redraws it."""
+    from rope_ext.eval.plot import plot_run, ruler_figure
+
+    given = {"threshold": 85.0, "threshold_from": "--threshold", "lengths": {"none": None, "yarn:factor=4": 1024}}
+    (axis,) = ruler_figure(_ruler_results(given)).axes
+    assert _threshold(axis) == ([85.0], [" threshold 85.0 (given with --threshold)"],
+                                ["none (effective <1k)", "yarn:factor=4 (effective 1k)"])
+    own = {"threshold": 60.0, "lengths": {"none": 1024, "yarn:factor=4": 2048},
+           "threshold_from": "the unpatched model's (none) average at its shortest length, 1024"}
+    for block in (own, None):  # (a folder written before ruler.json held the block: the unpatched model's, as then)
+        (axis,) = ruler_figure(_ruler_results(block)).axes
+        assert _threshold(axis) == ([60.0], [" threshold 60.0 (none at 1k)"],
+                                    ["none (effective 1k)", "yarn:factor=4 (effective 2k)"])
+    nothing = {"threshold": None, "lengths": {}, "threshold_from": "nothing: no --threshold given and no ..."}
+    (axis,) = ruler_figure(_ruler_results(nothing)).axes
+    assert _threshold(axis) == ([], [], ["none", "yarn:factor=4"])
+    (tmp_path / "ruler.json").write_text(json.dumps({**_ruler_results(given), "records": []}))
+    assert [p.name for p in plot_run(tmp_path)] == ["ruler.png"]

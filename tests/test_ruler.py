@@ -11,7 +11,7 @@ import pytest
 from test_eval import tiny_checkpoint  # noqa: F401  (the fixture: a tiny Llama saved with a word-level tokenizer)
 
 from rope_ext.cli import main
-from rope_ext.eval.ruler import effective_lengths, summarize_ruler, trial_depth
+from rope_ext.eval.ruler import effective_lengths, effective_summary, summarize_ruler, trial_depth
 from rope_ext.eval.ruler_tasks import (
     NOISE,
     TASKS,
@@ -235,3 +235,58 @@ def test_cli_eval_ruler_refuses_bad_options_in_one_line(tmp_path, tiny_checkpoin
     assert _ruler(checkpoint, text, tmp_path / "bad", *extra) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "bad" / "ruler_records.jsonl").exists()
+
+
+def test_ruler_json_holds_the_effective_lengths_with_their_threshold_and_its_source(tmp_path, tiny_checkpoint):
+    checkpoint, _ = tiny_checkpoint
+    out = tmp_path / "ruler"
+    command = ["eval", "ruler", "--model", str(checkpoint), "--lengths", "1k", "--tasks", "niah_single_1", "--trials",
+               "1", "--depths", "0.5", "--methods", "none,yarn:factor=4", "--out", str(out), "--no-plot"]
+    assert main(command) == 0
+    results = json.loads((out / "ruler.json").read_text())
+    threshold, lengths = effective_lengths(results["summary"], None)
+    assert results["effective_length"] == {
+        "threshold": threshold, "lengths": lengths,
+        "threshold_from": "the unpatched model's (none) average at its shortest length, 1024"}
+    assert set(lengths) == {"none", "yarn:factor=4"} and lengths["none"] == 1024  # (none holds its own threshold)
+    assert main([*command, "--threshold", "100"]) == 0  # (resumed: the tables rewritten at the threshold given)
+    results = json.loads((out / "ruler.json").read_text())
+    assert results["effective_length"] == {"threshold": 100.0, "threshold_from": "--threshold",
+                                           "lengths": effective_lengths(results["summary"], 100.0)[1]}
+    assert list(results) == ["run", "summary", "effective_length", "records"]
+    from rope_ext.eval.plot import ruler_figure  # (the plot draws ruler.json's threshold, not the unpatched model's)
+
+    (axis,) = ruler_figure(results).axes
+    assert [line.get_ydata()[0] for line in axis.lines if line.get_gid() == "threshold"] == [100.0]
+    assert [t.get_text() for t in axis.texts if t.get_gid() == "threshold"] == [
+        " threshold 100.0 (given with --threshold)"]
+    shown = {m: "<1k" if n is None else f"{n // 1024}k" for m, n in results["effective_length"]["lengths"].items()}
+    assert [t.get_text() for t in axis.get_legend().get_texts()] == [f"{m} (effective {n})" for m, n in shown.items()]
+    yarn = [r for r in results["summary"] if r["method"] == "yarn:factor=4"]
+    assert effective_summary(yarn, None) == {"threshold": None, "lengths": {}, "threshold_from": "nothing: no "
+                                             "--threshold given and no unpatched model (none) among the results"}
+
+
+def test_summary_rows_are_in_one_order_whatever_the_order_of_the_records():
+    """A resumed run appends its records after the folder's (another method, length, task or trial): the summary
+    comes out as a run in one go writes it, intervals included: by method as given, length, task, the average last."""
+    def records(method, task, length, scores):
+        return [{"method": method, "task": task, "length": length, "trial": t, "score": s, "references": ["x", "y"]}
+                for t, s in enumerate(scores)]
+
+    cells = [(m, t, L) for m in ("none", "yarn") for L in (1024, 2048) for t in ("niah_single_1", "vt")]
+    one_go = [r for m, t, L in cells for r in records(m, t, L, [1, 0.5, 0, 0.5])]
+    def earlier(r):  # (the folder's records, written first: 2048's first two trials, and yarn's vt)
+        return r["length"] == 2048 and r["trial"] < 2 or r["method"] == "yarn" and r["task"] == "vt"
+
+    resumed = [r for r in one_go if earlier(r)] + [r for r in one_go if not earlier(r)]
+    assert resumed != one_go
+    rows = summarize_ruler(one_go, ["none", "yarn"], ["niah_single_1", "vt"])
+    assert summarize_ruler(resumed, ["none", "yarn"], ["niah_single_1", "vt"]) == rows
+    assert [(r["method"], r["length"], r["task"]) for r in rows[:6]] == [
+        ("none", 1024, "niah_single_1"), ("none", 1024, "vt"), ("none", 1024, "average"),
+        ("none", 2048, "niah_single_1"), ("none", 2048, "vt"), ("none", 2048, "average")]
+    given = summarize_ruler(resumed, ["yarn", "none"], ["vt", "niah_single_1"])  # (the order given)
+    assert [(r["method"], r["task"]) for r in given[:3]] == [("yarn", "vt"), ("yarn", "niah_single_1"),
+                                                             ("yarn", "average")]
+

@@ -610,3 +610,34 @@ def test_a_data_error_names_the_option_as_it_was_given(checkpoint, tmp_path, cap
     argv = [flag.format(**names) for flag in flags]
     assert main(["train", "--config", str(file), "--tokenizer", str(model), *argv, "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"rope-ext: error: {message.format(**names)}")
+
+
+@pytest.mark.parametrize("command, option, value, message", [
+    ("passkey", "--depths", "0.5,0.5", "depth 0.5 is given twice in '0.5,0.5'; give each depth once, e.g. 0.1,0.5,0.9"),
+    ("ruler", "--depths", "0.1,0.50,.5", "depth 0.5 is given twice in '0.1,0.50,.5' (0.50 and .5); give each depth"),
+    ("ppl", "--lengths", "64,128,64", "length 64 is given twice in '64,128,64'; give each length once"),
+    ("passkey", "--lengths", "1k,1024", "length 1024 is given twice in '1k,1024' (1k and 1024); give each length once"),
+    ("ruler", "--tasks", "vt,fwe,vt", "task 'vt' is given twice in 'vt,fwe,vt'; give each task once, e.g. "
+                                      "niah_single_1,vt (or all)"),
+    ("ppl", "--methods", "none,none", "method 'none' is given twice in 'none,none'; give each method once, e.g. "
+                                      "none,yarn:factor=4"),
+    ("passkey", "--methods", "none,yarn:factor=4,yarn:factor=4.0", "method 'yarn:factor=4' is given twice in "
+     "'none,yarn:factor=4,yarn:factor=4.0' (yarn:factor=4 and yarn:factor=4.0: the same configs); give each method"),
+    ("ruler", "--methods", "yarn:factor=4+dca,dca+yarn:factor=4", "method 'yarn:factor=4+dca' is given twice in "),
+    ("ruler", "--methods", "saved,saved", "method 'saved' is given twice in 'saved,saved'; give each method once"),
+])
+def test_a_value_given_twice_in_a_list_is_refused_naming_it(tmp_path, capsys, command, option, value, message):
+    """As ``--depths 0.5,`` is refused, so is ``--depths 0.5,0.5``: not read as ``0.5``, in one line."""
+    missing = str(tmp_path / "no-model")  # (were the value taken, the run would stop there, not evaluate)
+    assert main(["eval", command, option, value, "--model", missing, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rope-ext: error: argument {option}: {message}") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_methods_that_patch_differently_are_not_a_repeat():
+    """Only equal configs are one method twice: ``saved`` (the folder's patch) is not ``none``; factors differ."""
+    from rope_ext.runs.specs import parse_methods
+
+    assert list(parse_methods("none,saved,yarn:factor=4,yarn:factor=8,yarn:factor=4+dca")) == [
+        "none", "saved", "yarn:factor=4", "yarn:factor=8", "yarn:factor=4+dca"]

@@ -18,6 +18,7 @@ from rope_ext.eval.plan import (
     check_ppl_options,
     common_run_config,
     load_for_evaluation,
+    moved_windows,
     perplexity_run,
     same_targets_config,
     site_options_of,
@@ -127,6 +128,9 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     folder = folder_lengths(store.previous, store.records()) if same_targets_config(store.previous, args) else []
     end = [args.target_end] if args.target_end is not None else []  # (the targets placed apart from the lengths)
     target_lengths = sorted({*lengths, *folder, *end})
+    moved = moved_windows(store.previous, args, target_lengths) if folder else None
+    if moved:  # (before the documents are compared: other windows under the same names)
+        store.refuse(*moved)
     documents, run_config = perplexity_run(args, every, target_lengths, native)
     store.configure(run_config, may_change=PPL_MAY_CHANGE, normalise=normalised, unchecked=("document_sha256",),
                     labels=PPL_LABELS)
@@ -242,7 +246,8 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
                                                     "haystack_text": haystack, "decoding": "greedy"}
     store.configure(run_config, may_change=("model_name",), normalise=normalised)
     summary = run_ruler(model, tokenizer, args.methods, args.tasks, args.lengths, args.trials, args.depths, store,
-                        seed=args.seed, text_words=words, site_options=site_options, limits=limits)
+                        seed=args.seed, text_words=words, site_options=site_options, limits=limits,
+                        threshold=args.threshold)
     rows = [{"method": r["method"], "length": r["length"],
              "score": f"{r['score']:.1f} ({r['low']:.0f}-{r['high']:.0f})"} for r in summary if r["task"] == "average"]
     print_table(rows, "score", "s", f"RULER score (x100), the mean over this run's {len(args.tasks)} task(s) x "

@@ -32,7 +32,8 @@ MAX_TRIALS = 10_000  # keys per cell: more is a typo, not a run
 
 
 def parse_depths(text: str) -> list[float]:
-    depths = set()
+    """``"0.9,0.1"`` -> ``[0.1, 0.9]`` (sorted); a depth given twice (``0.5,0.50``) is refused, naming it."""
+    depths: dict[float, str] = {}
     for part in comma_items(text, "depth"):
         try:
             depth = float(part)
@@ -40,14 +41,19 @@ def parse_depths(text: str) -> list[float]:
             depth = math.nan
         if not 0 <= depth <= 1:
             raise ValueError(f"malformed depth {part!r}; give comma-separated numbers in [0, 1], e.g. 0.1,0.5,0.9")
-        depths.add(depth)
+        if depth in depths:
+            same = "" if depths[depth] == part else f" ({depths[depth]} and {part})"
+            raise ValueError(f"depth {depth:g} is given twice in {text!r}{same}; give each depth once, e.g. "
+                             "0.1,0.5,0.9")
+        depths[depth] = part
     if not depths:
         raise ValueError("give at least one depth in [0, 1], e.g. 0.1,0.5,0.9")
     return sorted(depths)
 
 
 def task_list(text: str) -> list[str]:
-    """``--tasks``: RULER task names, comma-separated, or ``all``."""
+    """``--tasks``: RULER task names, comma-separated, or ``all``; a task given twice (``vt,vt``) is refused, naming
+    it."""
     from rope_ext.eval.ruler_tasks import TASKS
 
     names = comma_items(text, "task")
@@ -58,7 +64,11 @@ def task_list(text: str) -> list[str]:
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
         raise ValueError(f"unknown task {(unknown or [text])[0]!r}; valid tasks: all, {', '.join(TASKS)}")
-    return list(dict.fromkeys(names))
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        raise ValueError(f"task {twice!r} is given twice in {text!r}; give each task once, e.g. niah_single_1,vt "
+                         "(or all)")
+    return names
 
 
 def percent(text: str) -> float:
@@ -265,8 +275,8 @@ def add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: st
     )
     parser.set_defaults(default_methods=methods)
     parser.add_argument(
-        "--lengths", type=option(length_list), default=lengths, help="comma-separated token counts, 4k = 4096 "
-        "(default: %(default)s)"
+        "--lengths", type=option(length_list), default=lengths, help="comma-separated token counts, 4k = 4096, "
+        "1M = 1048576 (default: %(default)s)"
     )
     parser.add_argument(
         "--replace-scaling", action="store_true",
@@ -285,7 +295,8 @@ def add_model_options(parser: argparse.ArgumentParser, methods: str, lengths: st
     parser.add_argument(
         "--threads", type=int_at_least(0, MAX_THREADS), default=0, help="torch threads (default 0: torch's choice)"
     )
-    parser.add_argument("--out", type=option(writable_folder), default=out, help="results folder (default: %(default)s)")
+    parser.add_argument("--out", type=option(writable_folder), default=out,
+                        help="results folder (default: %(default)s)")
     parser.add_argument(
         "--overwrite", action="store_true",
         help="replace the folder's results where this run cannot resume them (another configuration or document, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch import nn
 from rope_ext.eval.intervals import wilson
 from rope_ext.eval.perplexity import peak_memory_mb
 from rope_ext.eval.prefix import PrefixCache, greedy_answer
+from rope_ext.runs.results import in_order
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. "
@@ -122,8 +124,9 @@ def passkey_trial(
     )
 
 
-def summarize_passkey(records: list[PasskeyRecord]) -> list[dict[str, Any]]:
-    """Accuracy per (method, length, depth), with its Wilson interval (``low``, ``high``: 95%) over the trials."""
+def summarize_passkey(records: list[PasskeyRecord], methods: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Accuracy per (method, length, depth), with its Wilson interval (``low``, ``high``: 95%) over the trials; rows
+    by method (``methods`` first, as given), length and depth (``in_order``)."""
     groups: dict[tuple, list[PasskeyRecord]] = {}
     for record in records:
         groups.setdefault((record.method, record.length, round(record.depth, 6)), []).append(record)
@@ -133,4 +136,4 @@ def summarize_passkey(records: list[PasskeyRecord]) -> list[dict[str, Any]]:
         low, high = wilson(correct, len(group))
         rows.append({"method": method, "length": length, "depth": depth, "trials": len(group),
                      "accuracy": correct / len(group), "low": low, "high": high})
-    return rows
+    return in_order(rows, methods, lambda row: (row["length"], row["depth"]))

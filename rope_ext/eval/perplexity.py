@@ -25,7 +25,7 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from rope_ext.eval.objectives import (
     model_protocols,
     objective_nll,
 )
+from rope_ext.runs.results import in_order
 from rope_ext.runs.values import MAX_LENGTH, parse_length, parse_lengths  # noqa: F401  (the lengths of runs)
 
 PROTOCOLS = (*CAUSAL_PROTOCOLS, *OBJECTIVE_PROTOCOLS)
@@ -249,11 +250,12 @@ def check_same_targets(records: list[PerplexityRecord]) -> None:
             )
 
 
-def summarize(records: list[PerplexityRecord]) -> list[dict[str, Any]]:
+def summarize(records: list[PerplexityRecord], methods: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Token-weighted mean NLL over documents, per (method, protocol, length), the perplexity with its 95% bootstrap
     interval over the documents (``low``, ``high``: target windows, ``--windows``; one document: the point), and
     beside the unpatched model scored on the same documents its ratio to it, paired per document (``ratio_to_none``,
-    ``ratio_low``, ``ratio_high``); raises on mixed targets."""
+    ``ratio_low``, ``ratio_high``); raises on mixed targets. Rows by method (``methods`` first, as given), protocol
+    and length (``in_order``)."""
     check_same_targets(records)
     groups: dict[tuple, list[PerplexityRecord]] = {}
     for record in records:
@@ -276,4 +278,4 @@ def summarize(records: list[PerplexityRecord]) -> list[dict[str, Any]]:
             row |= {"ratio_to_none": math.exp(mean - sum(p[1] for p in pairs) / tokens), "ratio_low": ratio_low,
                     "ratio_high": ratio_high}
         rows.append(row)
-    return rows
+    return in_order(rows, methods, lambda row: (row["protocol"], row["length"]))

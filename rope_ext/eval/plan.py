@@ -181,6 +181,24 @@ def same_targets_config(previous: dict | None, args: argparse.Namespace) -> bool
     )
 
 
+def moved_windows(previous: dict | None, args: argparse.Namespace, target_lengths: list[int]) -> tuple[str, str] | None:
+    """Why a folder of ``--windows`` results cannot resume with targets ending elsewhere, and how it could (``None``:
+    the end stays): its windows are each document's stretches of the target end's tokens, so another end scores
+    other windows under the same names (``doc.txt @0``), which would read as a changed document."""
+    windows = getattr(args, "windows", 1)
+    if not previous or windows <= 1 or (previous.get("windows") or 1) <= 1 or not previous.get("lengths"):
+        return None
+    before, now = max(previous["lengths"]), max(target_lengths)
+    if before == now:
+        return None
+    if getattr(args, "target_end", None) == now:
+        option, resume = "--target-end", f"re-run with --target-end {before} to resume"
+    else:
+        option, resume = "the longest of --lengths", f"re-run with lengths up to {before} to resume"
+    return (f"whose targets differ (where they end, {option}: {before} before, {now} now): --windows {windows} scores "
+            "each document's windows of the target end's tokens, so another end scores other windows"), resume
+
+
 def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[int], native: int) -> tuple[list, dict]:
     """The documents of the run and its configuration, for targets decided by ``target_lengths``."""
     lengths = args.lengths

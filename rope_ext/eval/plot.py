@@ -236,19 +236,35 @@ def _heatmaps(rows: list[dict], value: str, path: Path, label: str) -> Path:
     return path
 
 
-def plot_ruler(out: str | Path) -> list[Path]:
-    """``ruler.png``: each method's mean score over its tasks by length, with its 95% interval; and
-    ``ruler_depths.png``: the single-needle tasks' score by needle depth and length, a heatmap per method."""
-    results = load_results(out, "ruler")
-    if results is None or not results["summary"]:
-        return []
+def ruler_threshold(results: dict) -> tuple[float | None, dict, str]:
+    """``(threshold, {method: effective length}, where the threshold came from)`` as ``ruler.json``'s
+    ``effective_length`` records them (``effective_summary``: ``--threshold`` or the unpatched model's), so the plot
+    says what the run printed and wrote; a folder written before that block: the unpatched model's, as then."""
+    rows = [row for row in results["summary"] if row["task"] == "average"]
+    block = results.get("effective_length")
+    if not isinstance(block, dict) or "threshold" not in block:
+        return (*effective_lengths(rows, None), _unpatched(rows))
+    if block.get("threshold_from") == "--threshold":
+        return block["threshold"], block.get("lengths") or {}, "given with --threshold"
+    return block["threshold"], block.get("lengths") or {}, _unpatched(rows)
+
+
+def _unpatched(rows: list[dict]) -> str:
+    """Where a threshold taken from the unpatched model's average came from: its shortest length."""
+    base = [row["length"] for row in rows if row["method"] == "none"]
+    return f"none at {_length_label(min(base))}" if base else "the unpatched model's"
+
+
+def ruler_figure(results: dict) -> Figure:
+    """``ruler.png``'s figure: each method's mean score over its tasks by length, with its 95% interval, the
+    threshold and each method's effective length as ``ruler.json`` records them (``ruler_threshold``)."""
     rows = [row for row in results["summary"] if row["task"] == "average"]
     methods = list(dict.fromkeys(row["method"] for row in rows))
     lengths = sorted({row["length"] for row in rows})
     figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     axis = figure.subplots()
     styled = method_styles(methods)
-    threshold, effective = effective_lengths(rows, None)  # (the legend says each method's, where none was run)
+    threshold, effective, source = ruler_threshold(results)
     for method in methods:
         mine = sorted((r["length"], r["score"], r["low"], r["high"]) for r in rows if r["method"] == method)
         reach = effective.get(method)
@@ -258,9 +274,9 @@ def plot_ruler(out: str | Path) -> list[Path]:
                       [m[3] - m[1] for m in mine]], label=label, color=styled[method][0], capsize=3,
                       marker=styled[method][1], linestyle=styled[method][2])
     if threshold is not None:
-        axis.axhline(threshold, color="grey", linestyle=":", linewidth=1)
-        axis.text(lengths[0], threshold, f" threshold {threshold:.1f} (none at {_length_label(lengths[0])})",
-                  va="bottom", ha="left", color="grey", fontsize=8)
+        axis.axhline(threshold, color="grey", linestyle=":", linewidth=1, gid="threshold")
+        axis.text(lengths[0], threshold, f" threshold {threshold:.1f} ({source})", va="bottom", ha="left",
+                  color="grey", fontsize=8, gid="threshold")
     axis.set_xscale("log", base=2)
     axis.set_xticks(lengths, [_length_label(L) for L in lengths])
     axis.xaxis.minorticks_off()
@@ -271,8 +287,17 @@ def plot_ruler(out: str | Path) -> list[Path]:
     axis.set_title(f"{results['run'].get('model_name')}: {len(tasks)} RULER task(s), 95% intervals", fontsize=10)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return figure
+
+
+def plot_ruler(out: str | Path) -> list[Path]:
+    """``ruler.png`` (``ruler_figure``) and ``ruler_depths.png``: the single-needle tasks' score by needle depth and
+    length, a heatmap per method."""
+    results = load_results(out, "ruler")
+    if results is None or not results["summary"]:
+        return []
     paths = [Path(out) / "ruler.png"]
-    figure.savefig(paths[0], dpi=120, bbox_inches="tight")
+    ruler_figure(results).savefig(paths[0], dpi=120, bbox_inches="tight")
     depth_rows = _depth_rows(results.get("records") or [])
     if depth_rows:
         paths.append(_heatmaps(depth_rows, "score", Path(out) / "ruler_depths.png",

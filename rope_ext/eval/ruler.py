@@ -9,12 +9,14 @@ the trials (Wilson's where every sample has one reference, a right-or-wrong scor
 per method and length: the mean over the tasks, its interval the wider of a bootstrap of the trials within each
 task and the mean of the tasks' own intervals. The
 effective length of a method: the longest length at which its mean, and its mean at every shorter length, stays at or
-above the threshold (given, else the unpatched model's mean at the run's shortest length).
+above the threshold (given, else the unpatched model's mean at the run's shortest length), recorded in ``ruler.json``
+with the threshold and where it came from (``effective_summary``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,7 +27,7 @@ from rope_ext.eval.intervals import LEVEL, RESAMPLES, bootstrap, wilson
 from rope_ext.eval.perplexity import peak_memory_mb
 from rope_ext.eval.prefix import PrefixCache, greedy_answer
 from rope_ext.eval.ruler_tasks import TASKS, Sample, make_sample, string_match_all
-from rope_ext.runs.results import ResultStore
+from rope_ext.runs.results import ResultStore, in_order
 from rope_ext.runs.saved import with_method
 
 
@@ -98,11 +100,19 @@ def _stratified(groups: list[list[dict[str, Any]]], seed: int = 0) -> tuple[floa
             max(100 * high.item(), sum(i[1] for i in own) / len(own)))
 
 
-def summarize_ruler(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize_ruler(records: list[dict[str, Any]], methods: Iterable[str] = (),
+                    tasks: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Rows per method, task and length (``task`` a task's name) and per method and length over its tasks
-    (``task`` ``"average"``, with the tasks it averages): score x100, ``low``, ``high``, trials."""
+    (``task`` ``"average"``, with the tasks it averages): score x100, ``low``, ``high``, trials. Rows by method
+    (``methods`` first, as given), length, then task (``tasks`` first, as given, then ``TASKS``' order; the average
+    last; ``in_order``). The intervals are drawn alike whatever the records' order (a resumed run's)."""
+    rank = {task: i for i, task in enumerate(dict.fromkeys([*tasks, *TASKS]))}
+
+    def order(task: str) -> tuple[int, str]:
+        return rank.get(task, len(rank)), task
+
     cells: dict[tuple, list[dict[str, Any]]] = {}
-    for record in records:
+    for record in sorted(records, key=lambda r: (order(r["task"]), r.get("trial", 0))):
         cells.setdefault((record["method"], record["task"], record["length"]), []).append(record)
     rows = []
     for (method, task, length), group in cells.items():
@@ -111,16 +121,16 @@ def summarize_ruler(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "score": 100 * sum(r["score"] for r in group) / len(group), "low": low, "high": high,
                      "tasks": [task]})
     averaged: dict[tuple, list[list[dict[str, Any]]]] = {}
-    tasks: dict[tuple, list[str]] = {}
+    averages: dict[tuple, list[str]] = {}
     for (method, task, length), group in cells.items():
         averaged.setdefault((method, length), []).append(group)
-        tasks.setdefault((method, length), []).append(task)
+        averages.setdefault((method, length), []).append(task)
     for (method, length), groups in averaged.items():
         low, high = _stratified(groups)
         score = 100 * sum(sum(r["score"] for r in g) / len(g) for g in groups) / len(groups)
         rows.append({"method": method, "task": "average", "length": length, "trials": sum(map(len, groups)),
-                     "score": score, "low": low, "high": high, "tasks": sorted(tasks[(method, length)])})
-    return rows
+                     "score": score, "low": low, "high": high, "tasks": sorted(averages[(method, length)])})
+    return in_order(rows, methods, lambda row: (row["length"], row["task"] == "average", order(row["task"])))
 
 
 def effective_lengths(rows: list[dict[str, Any]], threshold: float | None) -> tuple[float | None, dict[str, Any]]:
@@ -145,14 +155,30 @@ def effective_lengths(rows: list[dict[str, Any]], threshold: float | None) -> tu
     return threshold, found
 
 
+def effective_summary(rows: list[dict[str, Any]], threshold: float | None) -> dict[str, Any]:
+    """``ruler.json``'s ``effective_length``: the ``threshold`` used (``effective_lengths``), where it came from
+    (``threshold_from``), and per method its effective length (``lengths``; ``None``: below the threshold even at
+    its shortest length)."""
+    used, found = effective_lengths(rows, threshold)
+    if used is None:
+        source = "nothing: no --threshold given and no unpatched model (none) among the results"
+    elif threshold is not None:
+        source = "--threshold"
+    else:
+        shortest = min(r["length"] for r in rows if r["task"] == "average" and r["method"] == "none")
+        source = f"the unpatched model's (none) average at its shortest length, {shortest}"
+    return {"threshold": used, "threshold_from": source, "lengths": found}
+
+
 def run_ruler(
     model: nn.Module, tokenizer: Any, methods: dict[str, list], tasks: list[str], lengths: list[int], trials: int,
     depths: list[float], store: ResultStore, *, seed: int = 0, text_words: list[str] | None = None,
-    site_options: dict[str, Any] | None = None, limits: dict[str, int] | None = None,
+    site_options: dict[str, Any] | None = None, limits: dict[str, int] | None = None, threshold: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every method on every task, length and trial not yet in ``store`` (the samples drawn once, the same for every
-    method); the tables written over the folder's records; returns this run's summary rows. ``limits``: a method's
-    lengths past its learned position table are left out."""
+    method); the tables written over the folder's records, ``ruler.json`` with the effective lengths of its summary
+    at ``threshold`` (``effective_summary``); returns this run's summary rows. ``limits``: a method's lengths past its
+    learned position table are left out."""
     from tqdm.auto import tqdm
 
     done = {ruler_key(r["method"], r["task"], r["length"], r["trial"]) for r in store.records()}
@@ -183,6 +209,8 @@ def run_ruler(
         with_method(model, configs, evaluate, site_options)
     bar.close()
     kept = store.records()
-    store.write_tables(kept, summarize_ruler(kept))
+    rows = summarize_ruler(kept, methods, tasks)
+    store.write_tables(kept, rows, {"effective_length": effective_summary(rows, threshold)})
     wanted = {ruler_key(spec, *c) for spec in methods for c in cells[spec]}
-    return summarize_ruler([r for r in kept if ruler_key(r["method"], r["task"], r["length"], r["trial"]) in wanted])
+    return summarize_ruler([r for r in kept if ruler_key(r["method"], r["task"], r["length"], r["trial"]) in wanted],
+                           methods, tasks)

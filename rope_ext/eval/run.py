@@ -230,13 +230,13 @@ def run_perplexity(
     # the tables cover every record of the folder (all of one run configuration: earlier runs' methods and
     # lengths too); the summary returned is this run's
     kept = store.records()
-    store.write_tables(kept, summarize(_records_as(PerplexityRecord, store, kept)))
+    store.write_tables(kept, summarize(_records_as(PerplexityRecord, store, kept), methods))
     records = [
         r
         for r in kept
         if r["method"] in methods and r["protocol"] == protocol and r["length"] in todo_lengths.get(r["document"], ())
     ]
-    return summarize([PerplexityRecord(**r) for r in records])
+    return summarize([PerplexityRecord(**r) for r in records], methods)
 
 
 def run_passkey(
@@ -282,7 +282,7 @@ def run_passkey(
         with_method(model, configs, evaluate, site_options)
     bar.close()
     kept = store.records()  # (the tables cover every record of the folder, as for perplexity)
-    store.write_tables(kept, summarize_passkey(_records_as(PasskeyRecord, store, kept)))
+    store.write_tables(kept, summarize_passkey(_records_as(PasskeyRecord, store, kept), methods))
     wanted = {passkey_key(spec, *cell) for spec in methods for cell in cells_of[spec]}
     records = [r for r in kept if passkey_key(r["method"], r["length"], r["depth"], r["trial"]) in wanted]
-    return summarize_passkey([PasskeyRecord(**r) for r in records])
+    return summarize_passkey([PasskeyRecord(**r) for r in records], methods)

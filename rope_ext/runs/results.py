@@ -189,8 +189,11 @@ class ResultStore(RunFolder):
         with self.records_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
 
-    def write_tables(self, records: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dict[str, Path]:
-        """``<kind>.json`` (run, records, summary), ``<kind>.csv`` (records), ``<kind>_summary.csv``."""
+    def write_tables(
+        self, records: list[dict[str, Any]], summary: list[dict[str, Any]], extra: dict[str, Any] | None = None
+    ) -> dict[str, Path]:
+        """``<kind>.json`` (run, summary, ``extra``'s keys, records), ``<kind>.csv`` (records),
+        ``<kind>_summary.csv``."""
         self._open()
         paths = {
             "json": self.out / f"{self.kind}.json",
@@ -198,11 +201,21 @@ class ResultStore(RunFolder):
             "summary_csv": self.out / f"{self.kind}_summary.csv",
         }
         paths["json"].write_text(
-            json.dumps({"run": self.run_config, "summary": summary, "records": records}, indent=2)
+            json.dumps({"run": self.run_config, "summary": summary, **(extra or {}), "records": records}, indent=2)
         )
         _write_csv(paths["csv"], records)
         _write_csv(paths["summary_csv"], summary)
         return paths
+
+
+def in_order(
+    rows: list[dict[str, Any]], methods: Iterable[str] = (), key: Callable[[dict[str, Any]], Any] = lambda row: ()
+) -> list[dict[str, Any]]:
+    """Summary rows in one order whatever the order of the records they summarise (a resumed run appends its records
+    after the folder's): by method, ``methods`` first as given and any other as it first comes, then by ``key(row)``
+    (the length ascending, ...)."""
+    rank = {method: i for i, method in enumerate(dict.fromkeys([*methods, *(row["method"] for row in rows)]))}
+    return sorted(rows, key=lambda row: (rank[row["method"]], key(row)))
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

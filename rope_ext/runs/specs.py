@@ -22,12 +22,14 @@ def parse_method_spec(spec: str) -> list[MethodConfig]:
 
 def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
     """``"none,yarn:factor=4"`` -> ``{"none": [], "yarn:factor=4": [YarnConfig(factor=4)]}``; commas inside
-    brackets belong to a value (``longrope:long_factor=[1,1.5]``)."""
+    brackets belong to a value (``longrope:long_factor=[1,1.5]``). A method given twice, or spelled twice with
+    equal configs (``yarn:factor=4,yarn:factor=4.0``), is refused, naming it."""
     specs = [spec.strip() for spec in split_spec(text, ",")]
     if not any(specs):
         raise ValueError("give at least one method, e.g. none,yarn:factor=4")
     if not all(specs):
-        raise ValueError(f"an empty method spec in {text!r} (two commas in a row, or one at an end); give each method once")
+        raise ValueError(f"an empty method spec in {text!r} (two commas in a row, or one at an end); give each method "
+                         "once")
     for before, spec in zip(specs, specs[1:]):
         name = parse_spec(spec)[0][0] if spec else ""
         if "=" in name:  # "self_extend:G=4,W=16": an option after a comma, read as a method
@@ -35,8 +37,17 @@ def parse_methods(text: str) -> dict[str, list[MethodConfig]]:
                 f"{spec!r} after {before!r} is an option, not a method: options are separated by ':' "
                 f"({before}:{spec}); commas separate methods"
             )
-
-    return {spec: SavedPatch() if spec == SavedPatch.SPEC else parse_method_spec(spec) for spec in specs}
+    methods: dict[str, list[MethodConfig]] = {}
+    for spec in specs:
+        configs = SavedPatch() if spec == SavedPatch.SPEC else parse_method_spec(spec)
+        same = next((given for given, before in methods.items() if given == spec or (
+            type(before) is type(configs) and list(before) == list(configs))), None)
+        if same is not None:  # (two spellings of one patch: yarn:factor=4 and yarn:factor=4.0)
+            spelled = "" if same == spec else f" ({same} and {spec}: the same configs)"
+            raise ValueError(f"method {same!r} is given twice in {text!r}{spelled}; give each method once, e.g. "
+                             "none,yarn:factor=4")
+        methods[spec] = configs
+    return methods
 
 
 def one_spec(methods: str) -> list[MethodConfig]:
@@ -48,8 +59,8 @@ def one_spec(methods: str) -> list[MethodConfig]:
         raise ValueError(f"--methods {methods!r}: {error}") from None
     if len(specs) > 1:  # (after its own errors: empty specs, an option after a comma)
         raise ValueError(
-            f"--methods {methods!r}: a run trains under one spec; '+' joins methods of different kinds (yarn:factor=4+dca); "
-            "run once per method to compare them"
+            f"--methods {methods!r}: a run trains under one spec; '+' joins methods of different kinds "
+            "(yarn:factor=4+dca); run once per method to compare them"
         )
     return parse_method_spec(methods)
 

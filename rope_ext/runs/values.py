@@ -15,20 +15,27 @@ from typing import Any
 
 from rope_ext.runs.specs import listed_spec
 
-#: the longest length a run takes (16384k tokens): past it a length is a typo, not a context to evaluate
+#: the longest length a run takes (16M tokens): past it a length is a typo, not a context to evaluate
 MAX_LENGTH = 1 << 24
 
 
+#: a length's suffixes (either case) and what they multiply: 4k = 4096, 1M = 1048576
+LENGTH_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20}
+
+
 def parse_length(text: str) -> int:
-    """``"16k"`` -> 16384, ``"1500"`` -> 1500."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    """``"16k"`` -> 16384, ``"1M"`` -> 1048576, ``"1500"`` -> 1500."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
     if not match:
-        raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096 or 4k")
-    value = int(match[1]) * (1024 if match[2] else 1)
+        raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096, 4k or 1M")
+    if match[2].lower() not in LENGTH_SUFFIXES:
+        raise ValueError(f"malformed length {text!r}: unknown suffix {match[2]!r}; use k (x1024) or M (x1048576), "
+                         "e.g. 4k or 1M")
+    value = int(match[1]) * LENGTH_SUFFIXES[match[2].lower()]
     if value < 2:
         raise ValueError(f"length must be at least 2 tokens, got {text!r}")
     if value > MAX_LENGTH:
-        raise ValueError(f"length {text!r} is over {MAX_LENGTH} tokens ({MAX_LENGTH // 1024}k), the most a run takes")
+        raise ValueError(f"length {text!r} is over {MAX_LENGTH} tokens ({MAX_LENGTH >> 20}M), the most a run takes")
     return value
 
 
@@ -44,11 +51,18 @@ def comma_items(text: str, item: str) -> list[str]:
 
 
 def parse_lengths(text: str) -> list[int]:
-    """``"4k,8k"`` -> ``[4096, 8192]`` (sorted, once each)."""
+    """``"4k,8k"`` -> ``[4096, 8192]`` (sorted); a length given twice (``1k,1024``) is refused, naming it."""
     parts = comma_items(text, "length")
     if not parts:
         raise ValueError("give at least one length")
-    return sorted({parse_length(part) for part in parts})
+    lengths: dict[int, str] = {}
+    for part in parts:
+        length = parse_length(part)
+        if length in lengths:
+            same = "" if lengths[length] == part else f" ({lengths[length]} and {part})"
+            raise ValueError(f"length {length} is given twice in {text!r}{same}; give each length once")
+        lengths[length] = part
+    return sorted(lengths)
 
 
 KINDS = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
