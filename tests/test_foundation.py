@@ -628,7 +628,7 @@ def test_replacing_a_scaling_that_states_no_original_length_needs_one():
     [
         ([{"method": "yarn", "factor": 4.0}, "dca"], "yarn:factor=4", "yarn", 4 * ORIGINAL_CONTEXT),
         ([{"method": "pi", "factor": 4.0}, "rerope"], "pi:factor=4", "linear", 4 * ORIGINAL_CONTEXT),
-        ([{"method": "ntk", "factor": 4.0}, "dca"], None, "default", ORIGINAL_CONTEXT),
+        ([{"method": "ntk", "factor": 4.0}, "dca"], "ntk:factor=4", "default", 4 * ORIGINAL_CONTEXT),
         (["dca"], None, "default", ORIGINAL_CONTEXT),
         (["yarn:factor=4", "logn"], "yarn:factor=4", "yarn", 4 * ORIGINAL_CONTEXT),
     ],
@@ -636,8 +636,9 @@ def test_replacing_a_scaling_that_states_no_original_length_needs_one():
 )
 def test_a_saved_patch_claims_only_what_plain_transformers_honours(tmp_path, methods, alone, native, length):
     """config.json keeps the frequency method's native rope_parameters and its extended length where transformers
-    has the method (a plain from_pretrained gives that method alone, honestly), and otherwise the unpatched
-    rotation with the original length: never rope_type default beside a longer max_position_embeddings."""
+    has the method (a plain from_pretrained gives that method alone, honestly; static NTK is its new base, rope_type
+    default), and otherwise the unpatched rotation with the original length: never the unpatched rotation beside a
+    longer max_position_embeddings."""
     from transformers import AutoModelForCausalLM
 
     model = tiny_model("llama")
@@ -648,6 +649,10 @@ def test_a_saved_patch_claims_only_what_plain_transformers_honours(tmp_path, met
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["rope_parameters"]["rope_type"] == native and saved["max_position_embeddings"] == length
+    theta = tiny_model("llama").config.rope_parameters["rope_theta"]
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    new_theta = theta * 4.0 ** (head_dim / (head_dim - 2)) if methods[0] == {"method": "ntk", "factor": 4.0} else theta
+    assert saved["rope_parameters"]["rope_theta"] == pytest.approx(new_theta, rel=1e-15)
     plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     expected = base
     if alone is not None:  # plain transformers honours the frequency part

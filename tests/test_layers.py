@@ -29,6 +29,7 @@ LAYERS = {
     "rope_ext.runs": (3, 0),
     "rope_ext.eval": (3, 1),
     "rope_ext.train": (3, 2),
+    "rope_ext.serving": (3, 2),
     "rope_ext.cli": (3, 3),
     "rope_ext": (4, 0),  # the package's __init__: the public API
 }

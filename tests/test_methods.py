@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from rope_ext.methods import (
     DualChunkConfig,
@@ -154,6 +155,8 @@ def test_longrope_switches_factor_lists_and_scales_attention():
 
 def _native(rope: dict, seq_len: int | None = None):
     config = hf_config(**rope)
+    if config.rope_parameters["rope_type"] == "default":  # (computed by the rotary module in transformers 5)
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     return ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None, seq_len=seq_len)
 
 
@@ -445,6 +448,7 @@ def test_numpy_and_tensor_options_become_plain_numbers():
         ("yarn", {"factor": 4.0, "mscale": 0.8, "mscale_all_dim": 0.5}),
         ("llama3", {"factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0}),
         ("dynamic_ntk", {"factor": 2.0}),
+        ("ntk", {"factor": 4.0}),
     ],
 )
 def test_native_rope_parameters_give_the_same_frequencies_in_transformers(method, options):
@@ -463,6 +467,10 @@ def test_native_rope_parameters_give_the_same_frequencies_in_transformers(method
         assert config.native_rope_parameters(SPEC, 2 * SPEC.original_max_position_embeddings) is None
     if "mscale" in options:
         assert (native["mscale"], native["mscale_all_dim"]) == (0.8, 0.5)
+    if method == "ntk":  # bloc97's base b * s^(d / (d - 2)), d the rotary dimension
+        dim, base = SPEC.dim, SPEC.base
+        assert native == {"rope_type": "default", "rope_theta": base * 4.0 ** (dim / (dim - 2))}
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
 # --- every method says what it does, and every option what it sets (what `rope-ext methods NAME` prints) ---------

@@ -37,6 +37,7 @@ from rope_ext.cli.options import (
     writable_folder,
 )
 from rope_ext.eval.plan import DEFAULT_STRIDE, DEFAULT_TARGET_TOKENS, PROTOCOLS
+from rope_ext.serving import TARGETS
 from rope_ext.train.config import FinetuneConfig, TrainConfig
 
 # The main job (`make demo`): ~10 minutes of forwards on a 2-core CPU (fp32 forwards of the default model take
@@ -178,7 +179,49 @@ def build_parser() -> argparse.ArgumentParser:
     merging.add_argument("folder", type=option(nonempty), help="the --out folder of rope-ext finetune")
     merging.add_argument("out", type=option(writable_folder), help="where the merged model is written")
     merging.add_argument("--overwrite", action="store_true", help="write into a folder that is not empty")
+    merging.add_argument("--target", choices=TARGETS, help="write it for a serving engine in one go (rope-ext export's "
+                         "folder: the adapter merged, the engine's keys, the serving command)")
     merging.set_defaults(func=command("training", "cmd_merge"))
+
+    corpus = sub.add_parser(
+        "corpus", help="the offline texts (Debian packages): list them, fetch them, write them as plain-text files"
+    )
+    corpus.add_argument(
+        "out", nargs="?", type=option(writable_folder),
+        help="write the texts here, OUT/<text>/<document> (for --text-files), with corpus.json; without it, list them",
+    )
+    corpus.add_argument("--texts", type=option(nonempty), help="comma-separated texts (default: every one)")
+    corpus.add_argument(
+        "--fetch", action="store_true", help="first download and unpack the texts' missing packages (apt-get "
+        "download and dpkg-deb, no root: into $ROPE_EXT_TEXTS, default ~/.cache/rope_ext/texts)",
+    )
+    corpus.add_argument("--overwrite", action="store_true", help="replace a corpus folder written before")
+    corpus.set_defaults(func=command("corpus", "cmd_corpus"))
+
+    exporting = sub.add_parser(
+        "export", help="write a patched model for a serving engine (transformers, vLLM, SGLang, llama.cpp), or refuse "
+        "with the reason and what it can serve",
+    )
+    exporting.add_argument("model", type=option(nonempty), help="'default', a model folder (saved patched: its patch), "
+                           "a fine-tune folder (its adapter merged), a hub id; llama.cpp: a .gguf file or 'default'")
+    exporting.add_argument("out", type=option(writable_folder), help="the folder written")
+    exporting.add_argument("--target", required=True, choices=TARGETS, help="the engine that serves it")
+    exporting.add_argument("--methods", type=option(nonempty), help="the patch, one spec (default: the one the folder "
+                           "was saved with)")
+    exporting.add_argument("--max-length", type=option(parse_length), help="the context to serve (default: the one "
+                           "the patch opens, s L)")
+    exporting.add_argument("--layout", choices=("rope_parameters", "rope_scaling"), default="rope_parameters",
+                           help="transformers 5's rope_parameters, or the legacy rope_scaling with a top-level "
+                           "rope_theta (readers on transformers 4) (default: %(default)s)")
+    exporting.add_argument("--allow-approximate", action="store_true", help="write the closest config where the "
+                           "engine computes another rotation (the difference is printed and recorded)")
+    exporting.add_argument("--overwrite", action="store_true", help="replace a folder an export wrote")
+    exporting.set_defaults(func=command("serving", "cmd_export"))
+
+    doctor = sub.add_parser("doctor", help="what each engine computes from a model's config or GGUF, mismatches "
+                            "first (exit 1 on a mismatch)")
+    doctor.add_argument("source", type=option(nonempty), help="a model folder, a config.json, a .gguf file, a hub id")
+    doctor.set_defaults(func=command("serving", "cmd_doctor"))
 
     plot = sub.add_parser("plot", help="draw the plots of a results folder")
     plot.add_argument("results", type=option(nonempty), help="a results folder (the --out of rope-ext eval)")

@@ -8,6 +8,7 @@ from typing import Any
 
 from rope_ext.cli.options import config_flags
 from rope_ext.runs.models import merge
+from rope_ext.serving.plan import plain_transformers_gap
 from rope_ext.train.config import FinetuneConfig, TrainConfig
 from rope_ext.train.finetune import finetune
 from rope_ext.train.pretrain import train
@@ -53,7 +54,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    if args.target:  # (merged and exported in one go)
+        from rope_ext.cli.serving import cmd_export
+
+        return cmd_export(argparse.Namespace(
+            model=args.folder, out=args.out, target=args.target, methods=None, max_length=None, layout="rope_parameters",
+            allow_approximate=False, overwrite=args.overwrite))
     path = merge(args.folder, args.out, overwrite=args.overwrite)
     print(f"merged model written to {path}/ (load it with rope_ext.from_pretrained)")
+    gap = plain_transformers_gap(path)
+    if gap:
+        print(f"note: plain transformers loads it unextended ({gap}); rope_ext.from_pretrained loads it patched, and "
+              f"`rope-ext export {args.folder} OUT --target ...` writes what an engine serves")
     return 0
 

@@ -62,11 +62,16 @@ class NTKConfig(FrequencyConfig):
     method: ClassVar[str] = "ntk"
     summary: ClassVar[str] = (
         "NTK-aware scaling (bloc97, 2023): the rotary base ``b`` replaced by ``b * s ** (d / (d - 2))``, so the "
-        "highest frequency is kept and the lowest divided by exactly ``s``."
+        "highest frequency is kept and the lowest divided by exactly ``s``. Saved as that base (transformers' "
+        "``default`` rope type with the new ``rope_theta``)."
     )
 
     def frequencies(self, spec, seq_len=None, device=None, constants=None):
         return default_inv_freq(ntk_base(spec.base, spec.dim, self.factor), spec.dim, device), 1.0
+
+    def native_rope_parameters(self, spec, max_position_embeddings):
+        # exactly a new base: every engine serves it as an unscaled rotation of that base
+        return {"rope_type": "default", "rope_theta": ntk_base(spec.base, spec.dim, self.factor)}
 
 
 @register_method

@@ -1,0 +1,168 @@
+"""``rope-ext doctor``: what each engine computes from a model's config (or a GGUF's keys), and where they disagree.
+
+Every engine's reader (``rope_ext.serving.engines``) runs on the same config at a short request (inside the original
+context) and at the longest context the config states; each engine's cos/sin (attention factor included) are
+compared with the reference's (transformers for a config, llama.cpp for a GGUF) beyond float32 rounding. Also
+reported: keys an engine drops, a context each engine derives differently, ``factor`` against
+``max_position_embeddings / original_max_position_embeddings`` (transformers #38224), ``type`` against ``rope_type``,
+and a ``rope_ext`` block that engines do not read. A folder written by ``rope-ext export`` names its target: the
+other engines' differences are then expected (they are warnings, as the export said).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rope_ext.serving.plan import config_from_gguf, plain_transformers_gap, rope_dict, tolerance
+
+MISMATCH, WARNING, OK = "mismatch", "warning", "ok"
+ORDER = {MISMATCH: 0, WARNING: 1, OK: 2}
+
+
+@dataclass
+class Finding:
+    level: str
+    engine: str
+    message: str
+
+
+def read_source(source: str) -> tuple[str, dict, dict | None]:
+    """``("config", config.json, export.json or None)`` for a folder or a config.json, ``("gguf", keys, None)`` for
+    a .gguf file, or a hub id's config (online, or in the local cache)."""
+    path = Path(source)
+    if path.suffix == ".gguf" and path.is_file():
+        from rope_ext.serving.gguf_io import read_metadata
+
+        export = path.parent / "export.json"  # (the export that wrote it, if any)
+        return "gguf", read_metadata(path), json.loads(export.read_text()) if export.is_file() else None
+    if path.is_dir():
+        export = path / "export.json"
+        path = path / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{source} holds no config.json; give a model folder, a config.json or a .gguf file")
+        record = json.loads(export.read_text()) if export.is_file() else None
+        return "config", json.loads(path.read_text()), record
+    if path.is_file():
+        return "config", json.loads(path.read_text()), None
+    try:
+        from transformers import AutoConfig
+
+        return "config", AutoConfig.from_pretrained(source).to_dict(), None
+    except OSError as error:
+        raise ValueError(f"{source}: not a folder, a config.json, a .gguf file or a reachable hub id ({error})") from None
+
+
+def rotations(kind: str, data: dict, positions: torch.Tensor, n: int) -> dict[str, object]:
+    """Each engine's ``Rotation`` (or the error that stops it) for requests of ``n`` tokens."""
+    from rope_ext.serving.engines import hf, llamacpp, sglang, vllm
+
+    if kind == "gguf":
+        readers = {"llama.cpp": lambda: llamacpp.rotation(data, positions, n_ctx=n),
+                   "transformers": lambda: hf.rotation(config_from_gguf(data), positions)}
+    else:
+        from rope_ext.serving.gguf_io import hf_to_gguf_rope
+        from rope_ext.serving.plan import gguf_metadata
+
+        def converted():
+            keys = hf_to_gguf_rope(rope_dict(data), data["max_position_embeddings"], "llama")
+            return llamacpp.rotation({**gguf_metadata(data), **keys}, positions, n_ctx=n)
+
+        readers = {"transformers": lambda: hf.rotation(data, positions),
+                   "vllm": lambda: vllm.rotation(data, positions, max_model_len=n),
+                   "sglang": lambda: sglang.rotation(data, positions, max_model_len=n),
+                   "llama.cpp": converted}
+    out: dict[str, object] = {}
+    for engine, read in readers.items():
+        try:
+            out[engine] = read()
+        except (ValueError, KeyError) as error:
+            out[engine] = error
+    return out
+
+
+def static_checks(config: dict, folder: str | None = None) -> list[Finding]:
+    params = rope_dict(config)
+    found = []
+    scaling = config.get("rope_scaling") or {}
+    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
+        found.append(Finding(MISMATCH, "config", f"rope_scaling.type {scaling['type']!r} and rope_type "
+                             f"{scaling['rope_type']!r} disagree: engines read one or the other"))
+    factor, original = params.get("factor"), params.get("original_max_position_embeddings")
+    longest = config.get("max_position_embeddings")
+    scaled = factor and original and longest and params.get("rope_type") in ("yarn", "longrope", "llama3")
+    if scaled and abs(longest / original - factor) > 1e-6:
+        found.append(Finding(WARNING, "config", f"factor {factor:g} but max_position_embeddings / original_max_"
+                                 f"position_embeddings = {longest}/{original} = {longest / original:g}: transformers "
+                                 "before #40320 and some engines take the factor from that ratio (transformers #38224); "
+                                 f"set max_position_embeddings = {round(factor * original)}"))
+    if isinstance(config.get("rope_ext"), dict):
+        methods = "+".join(m.get("method", "?") for m in config["rope_ext"].get("methods", []))
+        found.append(Finding(WARNING, "config", f"a rope_ext block ({methods}): only rope_ext.from_pretrained reads it; "
+                             "the engines serve the rope keys below (`rope-ext export` writes each engine's)"))
+        gap = plain_transformers_gap(folder) if folder else None
+        if gap:
+            found.append(Finding(WARNING, "config", f"served unextended without rope_ext: {gap}"))
+    return found
+
+
+def diagnose(source: str) -> list[Finding]:
+    """The findings for ``source``, mismatches first."""
+    kind, data, export = read_source(source)
+    folder = source if kind == "config" and Path(source).is_dir() else None
+    findings = static_checks(data, folder) if kind == "config" else []
+    if kind == "gguf":
+        arch = data["general.architecture"]
+        reference, longest = "llama.cpp", int(data[f"{arch}.context_length"])
+    else:
+        reference, longest = "transformers", int(data.get("max_position_embeddings") or 4096)
+    target = (export or {}).get("target")
+    original = int(rope_dict(data).get("original_max_position_embeddings") or longest) if kind == "config" else longest
+    worst: dict[str, float] = {}
+    lengths: dict[str, int | None] = {}
+    for n in sorted({min(2048, original), longest}):
+        positions = torch.tensor(sorted({0, 1, n // 2, n - 1}), dtype=torch.int64)
+        found = rotations(kind, data, positions, n)
+        ref = found[reference]
+        for engine, rotation in found.items():
+            if isinstance(rotation, Exception):
+                worst[engine] = float("inf")
+                lengths[engine] = None
+                findings.append(Finding(MISMATCH, engine, f"cannot serve it: {rotation}"))
+                continue
+            lengths[engine] = rotation.max_length
+            if n == longest:
+                findings += [Finding(WARNING, engine, f"ignores {line}") for line in rotation.ignored]
+                findings += [Finding(OK, engine, note) for note in rotation.notes]
+            if isinstance(ref, Exception) or engine == reference:
+                continue
+            if rotation.cos.shape != ref.cos.shape:
+                worst[engine] = float("inf")
+                continue
+            gap = torch.maximum((rotation.cos - ref.cos).abs(), (rotation.sin - ref.sin).abs())
+            if bool((gap > tolerance(positions)[:, None]).any()):
+                worst[engine] = max(worst.get(engine, 0.0), float(gap.max()))
+    for engine, gap in worst.items():
+        if gap == float("inf") and lengths.get(engine) is None:
+            continue  # (said above)
+        level = WARNING if target and engine != target else MISMATCH
+        why = f" (the export is for {target})" if level == WARNING else ""
+        if kind == "gguf" and engine == "transformers":
+            why += "; transformers' GGUF loader reads no rope.scaling key, so it loads this file unscaled"
+        findings.append(Finding(level, engine, f"computes another rotation than {reference}: cos/sin differ by up to "
+                                f"{gap:.3g} at up to {longest} tokens{why}"))
+    for engine in lengths:
+        if engine not in worst and engine != reference:
+            findings.append(Finding(OK, engine, f"the same rotation as {reference} (checked at up to {longest} tokens)"))
+    stated = {engine: length for engine, length in lengths.items() if length is not None}
+    if len(set(stated.values())) > 1:
+        findings.append(Finding(WARNING, "context", "the longest context each serves by default differs: "
+                                + ", ".join(f"{engine} {length}" for engine, length in stated.items())))
+    return sorted(findings, key=lambda finding: ORDER[finding.level])
+
+
+def render(findings: list[Finding]) -> str:
+    return "\n".join(f"{finding.level.upper():8} {finding.engine:12} {finding.message}" for finding in findings)

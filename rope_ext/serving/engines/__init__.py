@@ -1,0 +1,1 @@
+"""What each serving engine computes from a model's config, read from its sources."""

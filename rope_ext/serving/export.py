@@ -1,0 +1,172 @@
+"""``rope-ext export``: write what a serving engine reads so that it serves the model as its patch computes it.
+
+The source is a model (``default``, a folder, a hub id, a fine-tune folder: its adapter merged) patched as it was
+saved or with ``methods``; for llama.cpp a GGUF file (``default``: the default model's). The plan
+(``rope_ext.serving.plan``) says what to write and is checked by the engine's reader before anything is written;
+the output folder is written whole (a temporary folder renamed) with ``export.json`` (what was exported, the plan,
+the serving command). HF targets get the unpatched weights, the tokenizer and the config with the target's keys (no
+``rope_ext`` block: engines ignore it, and rope_ext would patch again on top); llama.cpp gets the GGUF with its keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rope_ext.runs.folder import is_finetune_folder
+from rope_ext.runs.saved import saved_with_patch
+from rope_ext.serving.doctor import OK, diagnose
+from rope_ext.serving.plan import APPROXIMATE, REFUSED, TARGETS, TargetPlan, applied, config_from_gguf, target_plan
+
+EXPORT_FILE = "export.json"
+LAYOUTS = ("rope_parameters", "rope_scaling")
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """An output folder that is new or empty, or, with ``overwrite``, one an export wrote (it holds export.json)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; give a folder")
+    if out.exists() and any(out.iterdir()):
+        if not (out / EXPORT_FILE).is_file():
+            raise ValueError(f"{out} is not empty and holds no {EXPORT_FILE}: give a new folder")
+        if not overwrite:
+            raise ValueError(f"{out} holds an export: pass --overwrite to replace it, or give a new folder")
+
+
+def gguf_source(source: str) -> Path:
+    """The GGUF file a llama.cpp export starts from: ``default`` (the default model's), or a ``.gguf`` file."""
+    if source == "default":
+        from rope_ext.runs.models import default_model_path
+
+        folder, name = default_model_path()
+        return Path(folder) / name
+    path = Path(source)
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ValueError(
+            f"--target llama.cpp starts from a GGUF file (or 'default'), not {source!r}: convert the model first with "
+            "llama.cpp's convert_hf_to_gguf.py (after `rope-ext merge` for a fine-tune), then export that file"
+        )
+    return path
+
+
+def load_patched(source: str, methods: str | None):
+    """The source model and its tokenizer, patched as saved or with ``methods`` (a folder saved patched and
+    ``methods`` both: refused), and the patch's resolved methods."""
+    from rope_ext.core import get_patch, patch
+    from rope_ext.runs.models import load_model
+    from rope_ext.runs.specs import one_spec
+
+    configs = one_spec(methods) if methods else None  # (a bad spec refused before the model loads)
+    model, tokenizer = load_model(source)
+    if configs is not None:
+        if get_patch(model) is not None:
+            raise ValueError(f"{source} was saved patched ({get_patch(model)}); leave --methods out to export that "
+                             "patch, or give the unpatched base model")
+        patch(model, configs)
+    found = get_patch(model, resolved=True)
+    return model, tokenizer, () if found is None else found if isinstance(found, tuple) else (found,)
+
+
+def serving_commands(plan: TargetPlan, out: Path, gguf_name: str | None = None, base: str | None = None) -> list[str]:
+    """The command lines that serve the export; for vLLM and SGLang also the base model served as it is with the
+    plan's keys as overrides (``base``: a folder or hub id whose weights are the export's)."""
+    n = plan.max_length
+    overrides = json.dumps(plan.config, separators=(",", ":"))
+    if plan.target == "vllm":
+        context = f" --max-model-len {n}" if n else ""
+        return [f"vllm serve {out}{context}"] + ([f"vllm serve {base} --hf-overrides '{overrides}'{context}"]
+                                                 if base else [])
+    if plan.target == "sglang":
+        context = f" --context-length {n}" if n else ""
+        launch = "python -m sglang.launch_server --model-path"
+        return [f"{launch} {out}{context}"] + ([f"{launch} {base} --json-model-override-args '{overrides}'{context}"]
+                                               if base else [])
+    if plan.target == "llama.cpp":
+        model = out / (gguf_name or "model.gguf")
+        if plan.flags:  # (Self-Extend: llama-completion only)
+            return [f"llama-completion -m {model} -c {n} {' '.join(plan.flags)} -p PROMPT"]
+        kinds = {str: "str", float: "float", int: "int", bool: "bool"}
+        override = " ".join(f"--override-kv {key}={kinds[type(value)]}:{value}" for key, value in plan.gguf.items()
+                            if type(value) in kinds)
+        return [f"llama-server -m {model} -c {n}"] + ([f"llama-server -m {base} -c {n} {override}"] if base else [])
+    return [f"AutoModelForCausalLM.from_pretrained({str(out)!r})  # plain transformers; max_position_embeddings {n}"]
+
+
+def export(source: str, out: str | os.PathLike, target: str, methods: str | None = None,
+           max_length: int | None = None, layout: str = "rope_parameters", allow_approximate: bool = False,
+           overwrite: bool = False) -> dict[str, Any]:
+    """Export ``source`` for ``target``; the record written to ``export.json`` (its ``commands`` serve it)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; targets: {', '.join(TARGETS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
+    out = Path(out)
+    check_out(out, overwrite)
+    if target == "llama.cpp":
+        from rope_ext.runs.specs import one_spec
+        from rope_ext.serving.gguf_io import read_metadata
+
+        path = gguf_source(source)
+        if not methods:
+            raise ValueError("--target llama.cpp: give --methods (a GGUF file records no rope_ext patch)")
+        configs = tuple(one_spec(methods))
+        metadata = read_metadata(path)
+        config, model, tokenizer = config_from_gguf(metadata), None, None
+    else:
+        from rope_ext.core import unpatch
+
+        model, tokenizer, configs = load_patched(source, methods)
+        if configs:
+            unpatch(model)  # (the weights and config engines read: the patch is stated in the target's keys)
+        config, metadata = model.config.to_dict(), None
+    plan = target_plan(config, configs, target, max_length, layout, metadata)
+    if plan.status == REFUSED:
+        instead = f"; servable instead: {plan.alternative}" if plan.alternative else ""
+        raise ValueError(f"{target} cannot serve this patch: {plan.reason}{instead}")
+    if plan.status == APPROXIMATE and not allow_approximate:
+        raise ValueError(f"{plan.reason}; pass --allow-approximate to write it anyway"
+                         + (f", or export {plan.alternative} (exact)" if plan.alternative else ""))
+    record = {
+        "source": source, "target": target, "layout": layout,
+        "methods": [method.to_dict() for method in configs],
+        "plan": dataclasses.asdict(plan),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as work:
+        work_path = Path(work)
+        gguf_name = None
+        if target == "llama.cpp":
+            from rope_ext.serving.gguf_io import write_with_metadata
+
+            gguf_name = path.name
+            write_with_metadata(path, work_path / gguf_name, plan.gguf)
+        else:
+            model.save_pretrained(work_path)
+            tokenizer.save_pretrained(work_path)
+            written = json.loads((work_path / "config.json").read_text())
+            (work_path / "config.json").write_text(json.dumps(applied(written, plan.config), indent=2) + "\n")
+        if target == "llama.cpp":
+            base = str(path)
+        else:
+            base = None if source == "default" or is_finetune_folder(source) or saved_with_patch(source) else source
+        record["commands"] = serving_commands(plan, out, gguf_name, base)
+        (work_path / EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        # what the other engines make of it (rope-ext doctor on the folder: their differences are warnings here)
+        source_file = work_path / gguf_name if gguf_name else work_path
+        record["other_engines"] = [f"{finding.engine}: {finding.message}" for finding in diagnose(str(source_file))
+                                   if finding.level != OK and finding.engine != target]
+        (work_path / EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        mask = os.umask(0)
+        os.umask(mask)
+        for item in [work_path, *work_path.rglob("*")]:  # (temporary files and folders are private)
+            os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(work_path, out)
+        work_path.mkdir()  # (for the context manager's cleanup)
+    return record

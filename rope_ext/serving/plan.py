@@ -1,0 +1,337 @@
+"""What to write for each serving engine so that it computes the rotation a patch computes, checked by that engine's
+reader (``rope_ext.serving.engines``) against rope_ext's own frequencies.
+
+``target_plan(config, methods, target)`` takes a model's config.json (a dict) and the patch's resolved methods, and
+gives a ``TargetPlan``: the config keys (transformers, vLLM, SGLang) or GGUF keys (llama.cpp) to write, the engine
+flags, the context to serve, and a status:
+
+* ``exact``: the engine's reader on what is written gives rope_ext's cos and sin (attention factor included) at the
+  probe positions, within float32 rounding (``tolerance``);
+* ``mapped``: the engine has the method itself (DCA in vLLM/SGLang, Self-Extend in llama.cpp), configured from the
+  patch's options; its attention is the engine's own, not compared here;
+* ``approximate``: what the engine computes from the closest config differs by ``difference`` (written only when the
+  user allows it);
+* ``not servable``: no config of that engine gives the method; the reason and what to serve instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rope_ext.methods import FrequencyConfig, MethodConfig, RotarySpec
+from rope_ext.serving import TARGETS
+from rope_ext.serving.rotation import Rotation, cos_sin
+
+EXACT, MAPPED, APPROXIMATE, REFUSED = "exact", "mapped", "approximate", "not servable"
+#: model types whose vLLM and SGLang modeling code reads ``dual_chunk_attention_config``
+DCA_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+#: what to serve instead of a method no engine has
+SERVABLE_INSTEAD = "yarn:factor=S (exact in every engine), or dca on Qwen2/Qwen3 in vLLM and SGLang"
+
+
+@dataclass
+class TargetPlan:
+    target: str
+    status: str
+    reason: str
+    config: dict[str, Any] = field(default_factory=dict)  # config.json keys to set (HF targets)
+    gguf: dict[str, Any] = field(default_factory=dict)  # GGUF keys to set (llama.cpp)
+    flags: list[str] = field(default_factory=list)  # engine command-line flags beyond the model and the context
+    max_length: int | None = None  # the context to serve
+    difference: float | None = None  # the largest |cos|, |sin| difference measured against rope_ext
+    alternative: str | None = None  # the closest exact spec where this one is not exact
+
+    @property
+    def writable(self) -> bool:
+        return self.status in (EXACT, MAPPED)
+
+
+def tolerance(position: torch.Tensor) -> torch.Tensor:
+    """float32 rounding of an angle ``p * f`` (``f <= 1``) and of cos/sin: what two exact implementations differ by."""
+    return 2e-6 + 4e-7 * position.to(torch.float64)
+
+
+def rope_dict(config: dict) -> dict:
+    """The rope parameters a config.json states, either layout (a legacy ``rope_scaling`` with the top-level base)."""
+    params = config.get("rope_parameters")
+    if params and all(isinstance(value, dict) for value in params.values()):
+        params = params.get("full_attention") or next(iter(params.values()))
+    if not params:
+        params = dict(config.get("rope_scaling") or {})
+        if "rope_theta" in config:
+            params.setdefault("rope_theta", config["rope_theta"])
+    params = dict(params)
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    return params
+
+
+def rotary_spec(config: dict, method: MethodConfig | None = None) -> RotarySpec:
+    """The rotary embedding a config describes: base, rotary dimension, the original context ``L`` (the method's
+    own where it states one)."""
+    params = rope_dict(config)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    original = (getattr(method, "original_max_position_embeddings", None)
+                or params.get("original_max_position_embeddings")
+                or config.get("original_max_position_embeddings") or config["max_position_embeddings"])
+    return RotarySpec(base=float(params.get("rope_theta", 10000.0)), dim=int(head_dim * partial),
+                      original_max_position_embeddings=int(original))
+
+
+def probe_lengths(spec: RotarySpec, served: int) -> list[int]:
+    """The request lengths a plan is checked at: a short one inside ``L`` and the longest served."""
+    return sorted({min(2048, spec.original_max_position_embeddings), served})
+
+
+def measured_difference(method: FrequencyConfig, spec: RotarySpec, served: int, reader) -> float:
+    """The largest |cos|, |sin| difference, beyond float32 rounding, between rope_ext's rotation and ``reader(
+    positions, n)`` (an engine's ``Rotation`` for requests of ``n`` tokens) at positions 0, 1, n/2 and n - 1 of each
+    probe length ``n``; 0.0 when every value is within ``tolerance``."""
+    worst = 0.0
+    for n in probe_lengths(spec, served):
+        positions = torch.tensor(sorted({0, 1, n // 2, n - 1}), dtype=torch.int64)
+        inv_freq, factor = method.frequencies(spec, n if method.dynamic else None)
+        ours = cos_sin(spec.kept(inv_freq), positions, float(factor))
+        theirs: Rotation = reader(positions, n)
+        for mine, engine in zip(ours, (theirs.cos, theirs.sin)):
+            if engine.shape != mine.shape:
+                return math.inf
+            excess = (mine - engine).abs() - tolerance(positions)[:, None]
+            worst = max(worst, float((mine - engine).abs().max()) if bool((excess > 0).any()) else 0.0)
+    return worst
+
+
+def frequency_methods(methods: tuple[MethodConfig, ...]) -> tuple[list[FrequencyConfig], list[MethodConfig]]:
+    frequency = [m for m in methods if isinstance(m, FrequencyConfig)]
+    return frequency, [m for m in methods if not isinstance(m, FrequencyConfig)]
+
+
+def served_length(method: FrequencyConfig, spec: RotarySpec, requested: int | None) -> int:
+    """The context to serve: the user's, else ``s L`` (a dynamic method: at least ``2 L``)."""
+    if requested:
+        return int(requested)
+    factor = max(2.0, method.factor) if method.dynamic else method.factor
+    return round(factor * spec.original_max_position_embeddings)
+
+
+def layout_keys(params: dict, layout: str) -> dict:
+    """The config keys that state ``params``: transformers 5's ``rope_parameters``, or the legacy ``rope_scaling``
+    (``type`` and ``rope_type`` both, for readers of either name; ``null`` for the default rotation) beside a
+    top-level ``rope_theta``."""
+    if layout == "rope_parameters":
+        return {"rope_parameters": params}
+    if layout != "rope_scaling":
+        raise ValueError(f"unknown layout {layout!r}; layouts: rope_parameters, rope_scaling")
+    scaling = {key: value for key, value in params.items() if key != "rope_theta"}
+    if scaling.get("rope_type", "default") == "default":
+        scaling = None
+    else:
+        scaling = {"type": scaling["rope_type"], **scaling}
+    return {"rope_scaling": scaling, "rope_theta": params.get("rope_theta")}
+
+
+def applied(config: dict, changes: dict) -> dict:
+    """``config`` with ``changes`` (a ``None`` value removes the key) and without the other layout's rope keys."""
+    out = {key: value for key, value in config.items() if key not in ("rope_scaling", "rope_parameters", "rope_ext")}
+    if "rope_scaling" not in changes:
+        out.pop("rope_theta", None)
+    out.update(changes)
+    return {key: value for key, value in out.items() if value is not None or key == "rope_scaling"}
+
+
+# --- one target ---------------------------------------------------------------------------------------------------
+
+
+def reader_for(target: str, config: dict, metadata: dict | None, served: int):
+    """``reader(positions, n) -> Rotation``: the target engine on ``config`` (HF targets) or ``metadata`` (GGUF)."""
+    if target == "transformers":
+        from rope_ext.serving.engines import hf
+
+        return lambda positions, n: hf.rotation(config, positions)
+    if target in ("vllm", "sglang"):
+        from rope_ext.serving.engines import sglang, vllm
+
+        engine = vllm if target == "vllm" else sglang
+        return lambda positions, n: engine.rotation(config, positions, max_model_len=served)
+    from rope_ext.serving.engines import llamacpp
+
+    return lambda positions, n: llamacpp.rotation(metadata, positions, n_ctx=served)
+
+
+def gguf_metadata(config: dict) -> dict:
+    """The GGUF keys llama.cpp's rotation reads, as a conversion of ``config`` would write them (for a plan made
+    without a GGUF file at hand)."""
+    params = rope_dict(config)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {
+        "general.architecture": "llama", "llama.context_length": config["max_position_embeddings"],
+        "llama.rope.freq_base": float(params.get("rope_theta", 10000.0)),
+        "llama.rope.dimension_count": int(head_dim * params.get("partial_rotary_factor", 1.0)),
+        "llama.embedding_length": config["hidden_size"], "llama.attention.head_count": config["num_attention_heads"],
+    }
+
+
+def candidates(target: str, params: dict, spec: RotarySpec) -> list[dict]:
+    """The rope parameters to try for ``target``, in order: transformers' own, then the engine's way of stating the
+    same rotation where it reads other keys (vLLM and SGLang take YaRN's attention factor as ``attn_factor``, a
+    multiplier of their ``0.1 ln s + 1``; vLLM drops DeepSeek's ``mscale``/``mscale_all_dim`` too)."""
+    out = [params]
+    if target not in ("vllm", "sglang") or params.get("rope_type") != "yarn":
+        return out
+
+    def m(scale: float, x: float = 1.0) -> float:  # YaRN's 0.1 x ln s + 1 (1 within the original context)
+        return 0.1 * x * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+    factor = params["factor"]
+    wanted = params.get("attention_factor")
+    if wanted is None and "mscale" in params and "mscale_all_dim" in params:
+        wanted = m(factor, params["mscale"]) / m(factor, params["mscale_all_dim"])
+    if wanted is not None:
+        out.append({**params, "attn_factor": wanted / m(factor)})
+    return out
+
+
+def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested: int | None, layout: str,
+                   metadata: dict | None) -> TargetPlan:
+    spec = rotary_spec(config, method)
+    served = served_length(method, spec, requested)
+    # (transformers' dynamic reads L from max_position_embeddings, which then stays L)
+    stated = spec.original_max_position_embeddings if method.dynamic else max(served, config["max_position_embeddings"])
+    native = method.native_rope_parameters(spec, spec.original_max_position_embeddings)
+    if native is None:
+        return TargetPlan(target, REFUSED, f"{method.method} has no rope type in transformers' set, which every "
+                          "engine reads", alternative=alternative_for(method))
+    base = {key: value for key, value in rope_dict(config).items() if key in ("rope_theta", "partial_rotary_factor")}
+    best: TargetPlan | None = None
+    for params in candidates(target, {**base, **native}, spec):
+        if target == "llama.cpp":
+            from rope_ext.serving.gguf_io import hf_to_gguf_rope
+
+            source = metadata or gguf_metadata(config)
+            try:
+                keys = hf_to_gguf_rope(params, stated, str(source["general.architecture"]))
+            except ValueError as error:
+                return TargetPlan(target, REFUSED, str(error), alternative=alternative_for(method))
+            plan = TargetPlan(target, EXACT, "", gguf=keys, max_length=served)
+            reader = reader_for(target, {}, {**source, **keys}, served)
+        else:
+            changes = {**layout_keys(params, layout), "max_position_embeddings": stated}
+            plan = TargetPlan(target, EXACT, "", config=changes, max_length=served)
+            reader = reader_for(target, applied(config, changes), None, served)
+        plan.difference = measured_difference(method, spec, served, reader)
+        if plan.difference == 0.0:
+            plan.reason = f"{target} computes rope_ext's rotation from these keys (checked up to {served} tokens)"
+            return plan
+        if best is None or plan.difference < best.difference:
+            best = plan
+    assert best is not None
+    best.status, best.alternative = APPROXIMATE, alternative_for(method)
+    best.reason = (f"{target} computes another rotation from the closest config: cos/sin differ by up to "
+                   f"{best.difference:.3g} (checked up to {served} tokens)")
+    return best
+
+
+def alternative_for(method: MethodConfig) -> str | None:
+    """The closest spec every engine serves exactly."""
+    factor = getattr(method, "factor", None)
+    if method.method in ("dynamic_ntk",):
+        return f"ntk:factor={factor:g} (static: its rotation at every length)"
+    if factor and method.method not in ("yarn", "pi", "ntk"):
+        return f"yarn:factor={factor:g}"
+    return None if factor else "yarn:factor=S"
+
+
+def target_plan(config: dict, methods: tuple[MethodConfig, ...], target: str, max_length: int | None = None,
+                layout: str = "rope_parameters", metadata: dict | None = None) -> TargetPlan:
+    """What to write for ``target`` so that it serves ``config``'s model patched with ``methods`` (resolved), or
+    why it cannot. ``max_length``: the context to serve (default: the one the patch opens); ``metadata``: the GGUF's
+    keys (llama.cpp; default: those a conversion of ``config`` writes)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; targets: {', '.join(TARGETS)}")
+    frequency, others = frequency_methods(tuple(methods))
+    if not methods:
+        return TargetPlan(target, EXACT, "the unpatched model: nothing to change", max_length=max_length)
+    if len(frequency) == 1 and not others:
+        return frequency_plan(config, frequency[0], target, max_length, layout, metadata)
+    names = "+".join(method.method for method in methods)
+    if frequency and others:
+        return TargetPlan(target, REFUSED, f"{names}: no engine combines a frequency method with an attention "
+                          "rewrite or a bias", alternative=alternative_for(frequency[0]))
+    spec = rotary_spec(config)
+    (method, *rest) = [m.with_defaults(spec.original_max_position_embeddings) if hasattr(m, "with_defaults") else m
+                       for m in others]
+    if not rest and method.method == "dca" and target in ("vllm", "sglang"):
+        model_type = config.get("model_type")
+        if model_type not in DCA_MODEL_TYPES:
+            return TargetPlan(target, REFUSED, f"dca: {target} reads dual_chunk_attention_config only for "
+                              f"{', '.join(DCA_MODEL_TYPES)}, not {model_type}", alternative=SERVABLE_INSTEAD)
+        served = max_length or 4 * spec.original_max_position_embeddings
+        dca = {"chunk_size": method.chunk_size, "local_size": method.local_window,
+               "original_max_position_embeddings": spec.original_max_position_embeddings}
+        return TargetPlan(target, MAPPED, f"{target}'s own dual chunk attention, chunk_size {method.chunk_size}, "
+                          f"local_size {method.local_window} (its kernel, not compared here)",
+                          config={"dual_chunk_attention_config": dca, "max_position_embeddings": served},
+                          max_length=served)
+    if not rest and method.method == "self_extend" and target == "llama.cpp":
+        from rope_ext.serving.engines.llamacpp import self_extend_arguments
+
+        served = max_length or method.intended_length(spec.original_max_position_embeddings)
+        return TargetPlan(target, MAPPED, f"llama.cpp's group attention (llama-completion; llama-server dropped it), "
+                          f"G {method.G}, W {method.W}", flags=self_extend_arguments(method.G, method.W),
+                          max_length=served)
+    where = "plain transformers" if target == "transformers" else target
+    return TargetPlan(target, REFUSED, f"{names}: {where} has no such attention (rope_ext.from_pretrained serves it, "
+                      "from the saved rope_ext block)", alternative=SERVABLE_INSTEAD)
+
+
+def config_from_gguf(metadata: dict) -> dict:
+    """The config fields a plan reads, from a GGUF's keys."""
+    arch = str(metadata["general.architecture"])
+    heads = metadata[f"{arch}.attention.head_count"]
+    heads = heads[0] if isinstance(heads, list) else heads
+    hidden = int(metadata[f"{arch}.embedding_length"])
+    head_dim = int(metadata.get(f"{arch}.attention.key_length", hidden // int(heads)))
+    rotated = int(metadata.get(f"{arch}.rope.dimension_count", head_dim))
+    return {
+        "model_type": arch, "hidden_size": hidden, "num_attention_heads": int(heads), "head_dim": head_dim,
+        "partial_rotary_factor": rotated / head_dim, "max_position_embeddings": int(metadata[f"{arch}.context_length"]),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 1e4))},
+    }
+
+
+def plain_transformers_gap(folder: str | os.PathLike) -> str | None:
+    """Why plain transformers (without rope_ext) loads a model saved patched otherwise than rope_ext computes it, or
+    ``None`` where its config.json's own rope keys give the patch's rotation (checked by transformers' reader)."""
+    from rope_ext.serving.engines import hf
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    block = config.get("rope_ext")
+    if not isinstance(block, dict):
+        return None
+    methods = tuple(MethodConfig.from_dict(m) for m in block.get("methods", []))
+    frequency, others = frequency_methods(methods)
+    names = "+".join(method.method for method in methods)
+    if others:
+        return f"{names}: plain transformers has no such attention, and loads the model without it"
+    unpatched = {**config, **{key: value for key, value in block.get("base", {}).items() if "." not in key}}
+    spec = rotary_spec(unpatched, frequency[0])
+    served = served_length(frequency[0], spec, None)
+    try:
+        gap = measured_difference(frequency[0], spec, served, lambda positions, n: hf.rotation(config, positions))
+    except (ValueError, KeyError) as error:
+        return f"{names}: transformers does not read its config ({error})"
+    if gap:
+        rope = config.get("rope_parameters", {}).get("rope_type", "default")
+        return (f"{names}: its config.json states rope_type {rope!r} (no rope type that a {config.get('model_type')} "
+                f"config accepts gives it), so plain transformers computes another rotation (cos/sin up to {gap:.3g} "
+                "apart)")
+    return None

@@ -1,0 +1,271 @@
+"""``rope-ext export`` and ``rope-ext doctor`` (rope_ext.serving): what each target is given for each method, checked
+against the engines' readers (tests/test_engines_*.py pin those), the folders written, and plain transformers loading
+an export as rope_ext computes it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from tiny import ORIGINAL_CONTEXT, input_ids, logits, tiny_model
+
+import rope_ext
+from rope_ext.cli import main
+from rope_ext.runs.specs import parse_method_spec
+from rope_ext.serving.doctor import MISMATCH, WARNING, diagnose
+from rope_ext.serving.engines import vllm
+from rope_ext.serving.export import export
+from rope_ext.serving.plan import APPROXIMATE, EXACT, MAPPED, REFUSED, target_plan
+
+#: the default model's rotary (SmolLM2-135M: head_dim 64, theta 1e5, L 8192)
+SMOL = {"model_type": "llama", "hidden_size": 576, "num_attention_heads": 9, "head_dim": 64,
+        "max_position_embeddings": 8192, "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}
+
+
+def plan(spec: str, target: str, config: dict = SMOL, **kwargs):
+    return target_plan(config, tuple(parse_method_spec(spec)) if spec else (), target, **kwargs)
+
+
+# --- the plans --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("pi:factor=4", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": EXACT}),
+    ("ntk:factor=4", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": EXACT}),
+    ("yarn:factor=4", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": EXACT}),
+    ("yarn:factor=4:attention_factor=1.3", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT,
+                                            "llama.cpp": EXACT}),
+    ("ntk_by_parts:factor=4", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": EXACT}),
+    ("yarn:factor=4:truncate=false", {"transformers": EXACT, "llama.cpp": REFUSED}),
+    ("llama3:factor=8", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": REFUSED}),
+    ("dynamic_ntk:factor=4", {"transformers": EXACT, "vllm": APPROXIMATE, "sglang": APPROXIMATE,
+                              "llama.cpp": REFUSED}),
+    ("dynamic_yarn:factor=4", {"transformers": REFUSED, "vllm": REFUSED, "llama.cpp": REFUSED}),
+    ("rerope", {"transformers": REFUSED, "vllm": REFUSED, "sglang": REFUSED, "llama.cpp": REFUSED}),
+    ("alibi", {"transformers": REFUSED, "vllm": REFUSED, "llama.cpp": REFUSED}),
+    ("dca", {"transformers": REFUSED, "vllm": REFUSED, "llama.cpp": REFUSED}),  # (Llama: vLLM reads it for Qwen)
+    ("self_extend", {"transformers": REFUSED, "vllm": REFUSED, "llama.cpp": MAPPED}),
+    ("yarn:factor=4+dca", {"transformers": REFUSED, "vllm": REFUSED, "llama.cpp": REFUSED}),
+    ("", {"transformers": EXACT, "vllm": EXACT, "llama.cpp": EXACT}),
+])
+def test_each_method_gets_its_status_per_target(spec, expected):
+    for target, status in expected.items():
+        got = plan(spec, target)
+        assert got.status == status, (target, got.reason)
+        assert got.reason
+        if status == EXACT and spec:
+            assert got.difference == 0.0 and got.max_length is not None
+
+
+def test_static_ntk_is_written_as_its_new_base_everywhere():
+    """bloc97's NTK is exactly a base change: b s^(d / (d - 2)) with d the rotary dimension (64)."""
+    theta = 100000.0 * 4.0 ** (64 / 62)
+    got = plan("ntk:factor=4", "vllm")
+    assert got.config["rope_parameters"] == {"rope_type": "default", "rope_theta": pytest.approx(theta, rel=1e-15)}
+    assert got.config["max_position_embeddings"] == 4 * 8192
+    keys = plan("ntk:factor=4", "llama.cpp").gguf
+    assert keys["llama.rope.freq_base"] == pytest.approx(theta, rel=1e-7) and keys["llama.context_length"] == 32768
+
+
+def test_yarn_attention_factor_is_restated_for_the_engines_that_drop_it():
+    """vLLM and SGLang drop YaRN's attention_factor and multiply 0.1 ln s + 1 by their attn_factor: the export
+    gives attn_factor = A / (0.1 ln 4 + 1), and their reader then computes rope_ext's magnitude A."""
+    got = plan("yarn:factor=4:attention_factor=1.3", "vllm")
+    params = got.config["rope_parameters"]
+    assert params["attn_factor"] == pytest.approx(1.3 / (0.1 * math.log(4) + 1), rel=1e-12)
+    assert params["attention_factor"] == 1.3  # (kept for transformers)
+    rotation = vllm.rotation({**SMOL, **got.config}, torch.tensor([0]), max_model_len=32768)
+    assert float(torch.hypot(rotation.cos, rotation.sin).max()) == pytest.approx(1.3, rel=1e-6)
+    assert "attn_factor" not in plan("yarn:factor=4:attention_factor=1.3", "transformers").config["rope_parameters"]
+
+
+def test_the_legacy_layout_states_the_same_rotation():
+    got = plan("yarn:factor=4", "vllm", layout="rope_scaling")
+    assert got.status == EXACT and "rope_parameters" not in got.config
+    scaling = got.config["rope_scaling"]
+    assert scaling["type"] == scaling["rope_type"] == "yarn" and "rope_theta" not in scaling
+    assert got.config["rope_theta"] == 100000.0
+    with pytest.raises(ValueError, match="unknown layout 'flat'; layouts: rope_parameters, rope_scaling"):
+        plan("yarn:factor=4", "vllm", layout="flat")
+
+
+def test_dca_is_mapped_where_the_engine_reads_it_and_refused_elsewhere():
+    qwen = {**SMOL, "model_type": "qwen2"}
+    got = plan("dca", "vllm", qwen)
+    assert got.status == MAPPED
+    # rope_ext's defaults: chunk_size 3L/4, local_window L/8 (vLLM's chunk_size and local_size, same convention)
+    assert got.config["dual_chunk_attention_config"] == {
+        "chunk_size": 6144, "local_size": 1024, "original_max_position_embeddings": 8192}
+    refused = plan("dca", "vllm")
+    assert "qwen2, qwen2_moe, qwen3, qwen3_moe, not llama" in refused.reason and "yarn:factor=S" in refused.alternative
+
+
+def test_self_extend_is_served_by_llama_cpp_group_attention():
+    got = plan("self_extend:G=4:W=512", "llama.cpp")
+    assert got.status == MAPPED and got.flags[:4] == ["--grp-attn-n", "4", "--grp-attn-w", "512"]
+    assert got.max_length == 4 * (8192 - 512 + 512 // 4)  # where grouped positions reach L
+
+
+def test_an_unknown_target_names_the_targets():
+    with pytest.raises(ValueError, match="unknown target 'tgi'; targets: transformers, vllm, sglang, llama.cpp"):
+        plan("yarn:factor=4", "tgi")
+
+
+# --- the folders ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_model("llama").save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("spec", ["yarn:factor=4", "ntk:factor=4", "pi:factor=2", "llama3:factor=4",
+                                  "yarn:factor=4:attention_factor=1.2"])
+def test_plain_transformers_loads_a_transformers_export_as_rope_ext_computes_it(tmp_path, tiny_folder, spec):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    record = export(str(tiny_folder), out, "transformers", methods=spec)
+    config = json.loads((out / "config.json").read_text())
+    assert "rope_ext" not in config and record["plan"]["status"] == EXACT
+    ids = input_ids(3 * ORIGINAL_CONTEXT)
+    expected = logits(rope_ext.patch(tiny_model("llama"), spec), ids)
+    plain = AutoModelForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(logits(plain, ids), expected, rtol=0, atol=2e-5)
+    assert json.loads((out / "export.json").read_text()) == record
+
+
+def test_an_export_refuses_before_writing_and_replaces_only_an_export(tmp_path, tiny_folder):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"vllm cannot serve this patch: rerope: vllm has no such attention .*"
+                                         r"servable instead: yarn:factor=S"):
+        export(str(tiny_folder), out, "vllm", methods="rerope")
+    with pytest.raises(ValueError, match=r"cos/sin differ by up to .*pass --allow-approximate to write it anyway, "
+                                         r"or export ntk:factor=4 \(static"):
+        export(str(tiny_folder), out, "vllm", methods="dynamic_ntk:factor=4")
+    assert not out.exists()
+    export(str(tiny_folder), out, "vllm", methods="dynamic_ntk:factor=4", allow_approximate=True)
+    assert json.loads((out / "export.json").read_text())["plan"]["status"] == APPROXIMATE
+    with pytest.raises(ValueError, match="holds an export: pass --overwrite"):
+        export(str(tiny_folder), out, "vllm", methods="yarn:factor=4")
+    export(str(tiny_folder), out, "vllm", methods="yarn:factor=4", overwrite=True)
+    assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == "yarn"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="not empty and holds no export.json"):
+        export(str(tiny_folder), mine, "vllm", methods="yarn:factor=4", overwrite=True)
+    with pytest.raises(ValueError, match="starts from a GGUF file .*convert_hf_to_gguf.py"):
+        export(str(tiny_folder), tmp_path / "g", "llama.cpp", methods="yarn:factor=4")
+
+
+def test_a_folder_saved_patched_exports_its_patch(tmp_path, tiny_folder):
+    from transformers import AutoTokenizer
+
+    saved = tmp_path / "saved"
+    rope_ext.patch(tiny_model("llama"), "yarn:factor=2").save_pretrained(saved)
+    AutoTokenizer.from_pretrained(tiny_folder).save_pretrained(saved)
+    record = export(str(saved), tmp_path / "out", "sglang")
+    assert record["methods"][0]["method"] == "yarn" and record["plan"]["max_length"] == 2 * ORIGINAL_CONTEXT
+    launch = f"python -m sglang.launch_server --model-path {tmp_path / 'out'}"
+    assert record["commands"] == [f"{launch} --context-length {2 * ORIGINAL_CONTEXT}"]
+    with pytest.raises(ValueError, match="was saved patched .*leave --methods out"):
+        export(str(saved), tmp_path / "other", "sglang", methods="pi:factor=2")
+
+
+def test_the_default_gguf_round_trips_with_yarn_keys(tmp_path):
+    from rope_ext.serving.gguf_io import read_metadata
+
+    out = tmp_path / "gguf"
+    record = export("default", out, "llama.cpp", methods="yarn:factor=4")
+    (gguf,) = out.glob("*.gguf")
+    keys = read_metadata(gguf)
+    assert keys["llama.rope.scaling.type"] == "yarn" and keys["llama.rope.scaling.factor"] == pytest.approx(4.0)
+    assert keys["llama.rope.scaling.original_context_length"] == 8192 and keys["llama.context_length"] == 32768
+    served, overridden = record["commands"]
+    assert served == f"llama-server -m {gguf} -c 32768"  # and the original file with its keys overridden:
+    assert "-c 32768 --override-kv llama.context_length=int:32768" in overridden
+    assert "--override-kv llama.rope.scaling.type=str:yarn --override-kv llama.rope.scaling.factor=float:4.0" in overridden
+    assert oct(gguf.stat().st_mode & 0o077) != "0o0"  # (not the private mode of a temporary file)
+    findings = diagnose(str(gguf))  # (transformers' GGUF loader reads no scaling key: expected, warned at export)
+    assert not [f for f in findings if f.level == MISMATCH]
+    assert [line.split(":")[0] for line in record["other_engines"]] == ["transformers"]
+    assert "loads this file unscaled" in record["other_engines"][0]
+
+
+# --- doctor -----------------------------------------------------------------------------------------------------
+
+
+def write_config(tmp_path, **changes) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**SMOL, **changes}))
+    return str(path)
+
+
+def test_doctor_reports_an_engine_that_drops_a_key_as_a_mismatch_first(tmp_path, capsys):
+    rope = {"rope_type": "yarn", "rope_theta": 1e5, "factor": 4.0, "original_max_position_embeddings": 8192,
+            "attention_factor": 1.0}
+    source = write_config(tmp_path, rope_parameters=rope, max_position_embeddings=32768)
+    assert main(["doctor", source]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("MISMATCH") and {"vllm", "sglang"} <= {line.split()[1] for line in lines
+                                                                      if line.startswith("MISMATCH")}
+    assert any("ignores rope_parameters.attention_factor" in line for line in lines)
+
+
+def test_doctor_passes_what_every_engine_computes_alike(tmp_path):
+    rope = {"rope_type": "yarn", "rope_theta": 1e5, "factor": 4.0, "original_max_position_embeddings": 8192}
+    findings = diagnose(write_config(tmp_path, rope_parameters=rope, max_position_embeddings=32768))
+    assert not [f for f in findings if f.level == MISMATCH]
+    assert main(["doctor", str(tmp_path / "config.json")]) == 0
+
+
+def test_doctor_names_the_traps_of_the_config_itself(tmp_path):
+    rope = {"type": "linear", "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
+    findings = diagnose(write_config(tmp_path, rope_parameters=None, rope_scaling=rope, rope_theta=1e5,
+                                     max_position_embeddings=8192))
+    messages = [(f.level, f.message) for f in findings]
+    assert any(level == MISMATCH and "type 'linear' and rope_type 'yarn' disagree" in m for level, m in messages)
+    assert any(level == WARNING and "transformers #38224" in m and "32768" in m for level, m in messages)
+
+
+def test_an_export_for_vllm_is_served_alike_by_transformers_and_says_what_each_ignores(tmp_path, tiny_folder):
+    out = tmp_path / "out"
+    record = export(str(tiny_folder), out, "vllm", methods="yarn:factor=4:attention_factor=1.3")
+    findings = diagnose(str(out))
+    assert not [f for f in findings if f.level == MISMATCH]  # attention_factor for transformers, attn_factor for vLLM
+    assert "transformers: ignores rope_parameters.attn_factor: transformers' yarn does not read it" in \
+        record["other_engines"]
+
+
+def test_the_commands_refuse_bad_input_in_one_line(tmp_path, tiny_folder, capsys):
+    for argv, message in [
+        (["export", str(tiny_folder), str(tmp_path / "o"), "--target", "vllm", "--methods", "yarn:factr=4"],
+         "yarn"),
+        (["export", str(tiny_folder), str(tmp_path / "o"), "--target", "vllm", "--methods", "rerope"],
+         "vllm cannot serve this patch"),
+        (["doctor", str(tmp_path / "missing")], "not a folder, a config.json, a .gguf file"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the weights' loading bar)
+        assert message in err and err.startswith("rope-ext: error:"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_committed_export_table_is_the_code_s():
+    from pathlib import Path
+
+    from rope_ext.serving.table import END, START, export_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    committed = text[text.index(START) + len(START):text.index(END)]
+    assert committed == "\n" + export_table(), "run python scripts/export_table.py --write"
