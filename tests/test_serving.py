@@ -269,3 +269,44 @@ def test_the_committed_export_table_is_the_code_s():
     text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     committed = text[text.index(START) + len(START):text.index(END)]
     assert committed == "\n" + export_table(), "run python scripts/export_table.py --write"
+
+
+@pytest.mark.parametrize("spec", ["pi:factor=4", "ntk:factor=4", "yarn:factor=4", "yarn:factor=4:attention_factor=1.0",
+                                  "ntk_by_parts:factor=4", "llama3:factor=4", "dynamic_ntk:factor=2",
+                                  "dynamic_yarn:factor=2", "dca", "rerope", "alibi", "yarn:factor=4+logn"])
+def test_doctor_on_what_save_pretrained_writes_reports_no_mismatch_unwarned(tmp_path, spec):
+    """A folder saved patched holds transformers' keys (and the rope_ext block): the engines that read them otherwise
+    are warnings naming the export that writes their keys, never a mismatch."""
+    rope_ext.patch(tiny_model("llama"), spec).save_pretrained(tmp_path)
+    findings = diagnose(str(tmp_path))
+    assert not [f for f in findings if f.level == MISMATCH], [f.message for f in findings]
+    assert any(f.engine == "config" and "a rope_ext block" in f.message for f in findings)
+    for finding in findings:
+        if finding.level == WARNING and finding.engine != "config" and "another rotation" in finding.message:
+            assert f"rope-ext export --target {finding.engine}" in finding.message
+
+
+@pytest.mark.parametrize("target", ["transformers", "vllm", "sglang"])
+@pytest.mark.parametrize("spec", ["pi:factor=4", "ntk:factor=4", "yarn:factor=4", "yarn:factor=4:attention_factor=1.3",
+                                  "llama3:factor=4"])
+def test_doctor_finds_no_mismatch_on_an_export_for_its_target(tmp_path, tiny_folder, spec, target):
+    export(str(tiny_folder), tmp_path / "out", target, methods=spec)
+    findings = diagnose(str(tmp_path / "out"))
+    assert not [f for f in findings if f.level == MISMATCH], [f.message for f in findings]
+    assert not [f for f in findings if f.engine == target and f.level != "ok" and "computes another" in f.message]
+
+
+def test_doctor_on_the_shipped_example_configs():
+    """Qwen2.5's documented YaRN (factor 4 beside max_position_embeddings 32768): the #38224 trap and vLLM's longer
+    default context named, no engine computing another rotation; Llama 3.1's llama3 rotation the same in every engine
+    (llama.cpp's through the rope_freqs.weight factors its converter writes)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    qwen = diagnose(str(folder / "qwen2.5-7b-instruct-yarn.json"))
+    assert not [f for f in qwen if f.level == MISMATCH]
+    assert any("transformers #38224" in f.message and "set max_position_embeddings = 131072" in f.message for f in qwen)
+    assert any(f.engine == "context" and "vllm 131072" in f.message for f in qwen)
+    llama = diagnose(str(folder / "llama-3.1-8b.json"))
+    assert [f for f in llama if f.level != "ok"] == []
+    assert {f.engine for f in llama if "the same rotation as transformers" in f.message} == {"vllm", "sglang", "llama.cpp"}

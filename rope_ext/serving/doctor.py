@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rope_ext.serving.plan import config_from_gguf, plain_transformers_gap, rope_dict, tolerance
+from rope_ext.serving.plan import config_from_gguf, plain_transformers_gap, rope_dict, rotary_spec, tolerance
 
 MISMATCH, WARNING, OK = "mismatch", "warning", "ok"
 ORDER = {MISMATCH: 0, WARNING: 1, OK: 2}
@@ -68,7 +68,11 @@ def rotations(kind: str, data: dict, positions: torch.Tensor, n: int) -> dict[st
         from rope_ext.serving.plan import gguf_metadata
 
         def converted():
-            keys = hf_to_gguf_rope(rope_dict(data), data["max_position_embeddings"], "llama")
+            params = rope_dict(data)
+            if params["rope_type"] == "llama3":  # (convert_hf_to_gguf.py writes the factors as rope_freqs.weight)
+                keys = {"llama.rope.scaling.type": "none", "rope_freqs.weight": llama3_freq_factors(data).tolist()}
+            else:
+                keys = hf_to_gguf_rope(params, data["max_position_embeddings"], "llama")
             return llamacpp.rotation({**gguf_metadata(data), **keys}, positions, n_ctx=n)
 
         readers = {"transformers": lambda: hf.rotation(data, positions),
@@ -84,6 +88,20 @@ def rotations(kind: str, data: dict, positions: torch.Tensor, n: int) -> dict[st
     return out
 
 
+def llama3_freq_factors(config: dict) -> torch.Tensor:
+    """The per-frequency divisors of Llama 3's rotation, as llama.cpp's converter writes them (``rope_freqs.weight``:
+    the default frequencies over Llama 3's)."""
+    from rope_ext.methods import make_config
+    from rope_ext.methods.frequency import default_inv_freq
+
+    params = rope_dict(config)
+    spec = rotary_spec(config)
+    method = make_config("llama3", factor=params["factor"], low_freq_factor=params["low_freq_factor"],
+                         high_freq_factor=params["high_freq_factor"])
+    inv_freq, _ = method.frequencies(spec)
+    return default_inv_freq(spec.base, spec.dim).double() / inv_freq.double()
+
+
 def static_checks(config: dict, folder: str | None = None) -> list[Finding]:
     params = rope_dict(config)
     found = []
@@ -93,7 +111,7 @@ def static_checks(config: dict, folder: str | None = None) -> list[Finding]:
                              f"{scaling['rope_type']!r} disagree: engines read one or the other"))
     factor, original = params.get("factor"), params.get("original_max_position_embeddings")
     longest = config.get("max_position_embeddings")
-    scaled = factor and original and longest and params.get("rope_type") in ("yarn", "longrope", "llama3")
+    scaled = factor and original and longest and params.get("rope_type") == "yarn"  # (Llama 3's factor is not that)
     if scaled and abs(longest / original - factor) > 1e-6:
         found.append(Finding(WARNING, "config", f"factor {factor:g} but max_position_embeddings / original_max_"
                                  f"position_embeddings = {longest}/{original} = {longest / original:g}: transformers "
@@ -120,6 +138,9 @@ def diagnose(source: str) -> list[Finding]:
     else:
         reference, longest = "transformers", int(data.get("max_position_embeddings") or 4096)
     target = (export or {}).get("target")
+    saved = kind == "config" and isinstance(data.get("rope_ext"), dict)  # (save_pretrained while patched)
+    if saved and target is None:
+        target = "transformers"  # (what save_pretrained writes: transformers' keys; an engine's: rope-ext export)
     original = int(rope_dict(data).get("original_max_position_embeddings") or longest) if kind == "config" else longest
     worst: dict[str, float] = {}
     lengths: dict[str, int | None] = {}
@@ -131,7 +152,10 @@ def diagnose(source: str) -> list[Finding]:
             if isinstance(rotation, Exception):
                 worst[engine] = float("inf")
                 lengths[engine] = None
-                findings.append(Finding(MISMATCH, engine, f"cannot serve it: {rotation}"))
+                level = WARNING if target and engine != target else MISMATCH
+                why = f" (written for {target})" if level == WARNING else ""
+                if n == longest:  # (once)
+                    findings.append(Finding(level, engine, f"cannot serve it: {rotation}{why}"))
                 continue
             lengths[engine] = rotation.max_length
             if n == longest:
@@ -149,7 +173,10 @@ def diagnose(source: str) -> list[Finding]:
         if gap == float("inf") and lengths.get(engine) is None:
             continue  # (said above)
         level = WARNING if target and engine != target else MISMATCH
-        why = f" (the export is for {target})" if level == WARNING else ""
+        why = ""
+        if level == WARNING:
+            why = (f" (saved by rope_ext for transformers: `rope-ext export --target {engine}` writes {engine}'s keys)"
+                   if saved and export is None else f" (the export is for {target})")
         if kind == "gguf" and engine == "transformers":
             why += "; transformers' GGUF loader reads no rope.scaling key, so it loads this file unscaled"
         findings.append(Finding(level, engine, f"computes another rotation than {reference}: cos/sin differ by up to "

@@ -202,6 +202,10 @@ def candidates(target: str, params: dict, spec: RotarySpec) -> list[dict]:
 
 def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested: int | None, layout: str,
                    metadata: dict | None) -> TargetPlan:
+    per_layer = config.get("rope_parameters") or {}
+    if per_layer and all(isinstance(value, dict) for value in per_layer.values()):
+        return TargetPlan(target, REFUSED, f"{method.method}: rope parameters per layer type ({', '.join(per_layer)}) "
+                          "are not exported yet (rope_ext.from_pretrained serves the model as patched)")
     spec = rotary_spec(config, method)
     served = served_length(method, spec, requested)
     # (transformers' dynamic reads L from max_position_embeddings, which then stays L)
@@ -227,7 +231,11 @@ def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested
             changes = {**layout_keys(params, layout), "max_position_embeddings": stated}
             plan = TargetPlan(target, EXACT, "", config=changes, max_length=served)
             reader = reader_for(target, applied(config, changes), None, served)
-        plan.difference = measured_difference(method, spec, served, reader)
+        try:
+            plan.difference = measured_difference(method, spec, served, reader)
+        except Exception as error:  # noqa: BLE001  (the engine's config class refuses the keys: its own error types)
+            return TargetPlan(target, REFUSED, f"{target} does not take these keys ({' '.join(str(error).split())})",
+                              alternative=alternative_for(method))
         if plan.difference == 0.0:
             plan.reason = f"{target} computes rope_ext's rotation from these keys (checked up to {served} tokens)"
             return plan
