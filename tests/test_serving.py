@@ -200,6 +200,9 @@ def test_the_default_gguf_round_trips_with_yarn_keys(tmp_path):
     assert not [f for f in findings if f.level == MISMATCH]
     assert [line.split(":")[0] for line in record["other_engines"]] == ["transformers"]
     assert "loads this file unscaled" in record["other_engines"][0]
+    assert not [f for f in diagnose(str(out)) if f.level == MISMATCH]  # (the folder: its one GGUF)
+    with pytest.raises(ValueError, match=r"is scaled already \(rope.scaling.type yarn, factor 4\)"):
+        export(str(gguf), tmp_path / "again", "llama.cpp", methods="ntk:factor=2")
 
 
 # --- doctor -----------------------------------------------------------------------------------------------------
@@ -310,3 +313,68 @@ def test_doctor_on_the_shipped_example_configs():
     llama = diagnose(str(folder / "llama-3.1-8b.json"))
     assert [f for f in llama if f.level != "ok"] == []
     assert {f.engine for f in llama if "the same rotation as transformers" in f.message} == {"vllm", "sglang", "llama.cpp"}
+
+
+# --- what a new user's trial found ----------------------------------------------------------------------------------
+
+
+def saved_tiny(path, family="llama", theta=1e6):
+    from tiny import tiny_config
+
+    config = tiny_config(family)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+    model = AutoModelForCausalLMFrom(config)
+    model.save_pretrained(path)
+    return model
+
+
+def AutoModelForCausalLMFrom(config):  # noqa: N802
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_an_export_keeps_the_model_s_own_rope_keys_where_it_does_not_restate_them(tmp_path, tiny_folder):
+    """No patch, and DCA: the config's rope base stays (a base of 1e6, not transformers' default 1e4)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for family, spec, target in (("llama", "none", "transformers"), ("qwen2", "dca", "vllm")):
+        source = tmp_path / family
+        model = saved_tiny(source, family)
+        AutoTokenizer.from_pretrained(tiny_folder).save_pretrained(source)
+        out = tmp_path / f"{family}-out"
+        record = export(str(source), out, target, methods=spec)
+        config = json.loads((out / "config.json").read_text())
+        assert config["rope_parameters"]["rope_theta"] == 1e6, config
+        ids = input_ids(ORIGINAL_CONTEXT // 2)
+        torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(out).eval(), ids), logits(model, ids))
+        assert record["source"] == str(source.absolute())  # (absolute: the commands work from anywhere)
+        assert not [f for f in diagnose(str(out)) if f.level == MISMATCH]
+
+
+def test_what_an_engine_s_config_class_or_the_model_cannot_take_is_refused(tmp_path, tiny_folder):
+    phi3 = {**SMOL, "model_type": "phi3", "original_max_position_embeddings": 8192}
+    for target in ("vllm", "sglang", "transformers"):
+        got = plan("yarn:factor=4", target, phi3)
+        assert got.status == REFUSED and "config class refuses" in got.reason or "does not take" in got.reason
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_positions": 64}
+    assert "has no rotary embedding" in plan("alibi", "vllm", gpt2).reason
+    (tmp_path / "gpt2.json").write_text(json.dumps(gpt2))
+    with pytest.raises(ValueError, match="states no rotary embedding; nothing to compare"):
+        diagnose(str(tmp_path / "gpt2.json"))
+    for content, message in (("[1, 2]", "not a model config"), ('{"foo": 1}', "not a model config"),
+                             ("not json", "not a JSON model config")):
+        (tmp_path / "bad.json").write_text(content)
+        with pytest.raises(ValueError, match=message):
+            diagnose(str(tmp_path / "bad.json"))
+    beyond = plan("yarn:factor=4", "vllm", max_length=40000)
+    assert beyond.status == REFUSED and "beyond what yarn:factor=4 was made for (32768 = s L)" in beyond.reason
+    with pytest.raises(ValueError, match="below the model's original context 8192"):
+        plan("yarn:factor=4", "vllm", max_length=4096)
+    assert plan("yarn:factor=4", "vllm", max_length=16384).config["max_position_embeddings"] == 32768  # (s L stated)
+    with pytest.raises(ValueError, match="is the source, inside it or holds it"):
+        export(str(tiny_folder), tiny_folder / "sub", "vllm", methods="yarn:factor=4")
+    with pytest.raises(ValueError, match="an export serves one spec"):
+        export(str(tiny_folder), tmp_path / "o", "vllm", methods="yarn:factor=4,pi:factor=2")
+    assert main(["merge", str(tiny_folder), str(tmp_path / "m"), "--target", "llama.cpp"]) == 2  # (a GGUF: export)

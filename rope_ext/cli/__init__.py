@@ -179,8 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     merging.add_argument("folder", type=option(nonempty), help="the --out folder of rope-ext finetune")
     merging.add_argument("out", type=option(writable_folder), help="where the merged model is written")
     merging.add_argument("--overwrite", action="store_true", help="write into a folder that is not empty")
-    merging.add_argument("--target", choices=TARGETS, help="write it for a serving engine in one go (rope-ext export's "
-                         "folder: the adapter merged, the engine's keys, the serving command)")
+    merging.add_argument("--target", choices=[t for t in TARGETS if t != "llama.cpp"], help="write it for a serving "
+                         "engine in one go (rope-ext export's folder: the adapter merged, the engine's keys, the serving "
+                         "command; --overwrite then replaces only a folder an export wrote); llama.cpp takes a GGUF: "
+                         "merge, convert with convert_hf_to_gguf.py, then rope-ext export it")
     merging.set_defaults(func=command("training", "cmd_merge"))
 
     corpus = sub.add_parser(
@@ -206,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "a fine-tune folder (its adapter merged), a hub id; llama.cpp: a .gguf file or 'default'")
     exporting.add_argument("out", type=option(writable_folder), help="the folder written")
     exporting.add_argument("--target", required=True, choices=TARGETS, help="the engine that serves it")
-    exporting.add_argument("--methods", type=option(nonempty), help="the patch, one spec (default: the one the folder "
-                           "was saved with)")
+    exporting.add_argument("--methods", type=option(nonempty), help="the patch, one spec ('+' combines kinds; none: "
+                           "no patch) (default: the one the folder was saved with)")
     exporting.add_argument("--max-length", type=option(parse_length), help="the context to serve (default: the one "
                            "the patch opens, s L)")
     exporting.add_argument("--layout", choices=("rope_parameters", "rope_scaling"), default="rope_parameters",

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import torch
 
-from rope_ext.serving.plan import config_from_gguf, plain_transformers_gap, rope_dict, rotary_spec, tolerance
+from rope_ext.serving.plan import (
+    DCA_MODEL_TYPES,
+    config_from_gguf,
+    has_rope,
+    plain_transformers_gap,
+    rope_dict,
+    rotary_spec,
+    tolerance,
+)
 
 MISMATCH, WARNING, OK = "mismatch", "warning", "ok"
 ORDER = {MISMATCH: 0, WARNING: 1, OK: 2}
@@ -30,29 +38,47 @@ class Finding:
     message: str
 
 
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a JSON model config ({error})") from None
+    if not isinstance(data, dict) or not ({"hidden_size", "num_attention_heads", "model_type"} & set(data)):
+        raise ValueError(f"{path}: not a model config (no model_type, hidden_size or num_attention_heads)")
+    return data
+
+
 def read_source(source: str) -> tuple[str, dict, dict | None]:
-    """``("config", config.json, export.json or None)`` for a folder or a config.json, ``("gguf", keys, None)`` for
-    a .gguf file, or a hub id's config (online, or in the local cache)."""
+    """``("config", config.json, export.json or None)`` for a folder or a config.json, ``("gguf", keys, export.json
+    or None)`` for a .gguf file or a folder holding one (a llama.cpp export), or a hub id's config (online, or in the
+    local cache)."""
     path = Path(source)
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise ValueError(f"{source} holds no config.json{' and several .gguf files' if ggufs else ''}; give a model "
+                             "folder, a config.json or a .gguf file")
+        path = ggufs[0]
     if path.suffix == ".gguf" and path.is_file():
         from rope_ext.serving.gguf_io import read_metadata
 
         export = path.parent / "export.json"  # (the export that wrote it, if any)
-        return "gguf", read_metadata(path), json.loads(export.read_text()) if export.is_file() else None
+        try:
+            metadata = read_metadata(path)
+        except Exception as error:  # noqa: BLE001  (gguf's reader: its own errors for a file that is not GGUF)
+            raise ValueError(f"{path}: not a GGUF file ({error})") from None
+        return "gguf", metadata, json.loads(export.read_text()) if export.is_file() else None
     if path.is_dir():
         export = path / "export.json"
-        path = path / "config.json"
-        if not path.is_file():
-            raise ValueError(f"{source} holds no config.json; give a model folder, a config.json or a .gguf file")
         record = json.loads(export.read_text()) if export.is_file() else None
-        return "config", json.loads(path.read_text()), record
+        return "config", read_json(path / "config.json"), record
     if path.is_file():
-        return "config", json.loads(path.read_text()), None
+        return "config", read_json(path), None
     try:
         from transformers import AutoConfig
 
         return "config", AutoConfig.from_pretrained(source).to_dict(), None
-    except OSError as error:
+    except (OSError, ValueError) as error:
         raise ValueError(f"{source}: not a folder, a config.json, a .gguf file or a reachable hub id ({error})") from None
 
 
@@ -83,7 +109,7 @@ def rotations(kind: str, data: dict, positions: torch.Tensor, n: int) -> dict[st
     for engine, read in readers.items():
         try:
             out[engine] = read()
-        except (ValueError, KeyError) as error:
+        except Exception as error:  # noqa: BLE001  (an engine's config class refusing it is a finding, not a crash)
             out[engine] = error
     return out
 
@@ -130,6 +156,8 @@ def static_checks(config: dict, folder: str | None = None) -> list[Finding]:
 def diagnose(source: str) -> list[Finding]:
     """The findings for ``source``, mismatches first."""
     kind, data, export = read_source(source)
+    if kind == "config" and not has_rope(data):
+        raise ValueError(f"{source}: a {data.get('model_type')} config states no rotary embedding; nothing to compare")
     folder = source if kind == "config" and Path(source).is_dir() else None
     findings = static_checks(data, folder) if kind == "config" else []
     if kind == "gguf":
@@ -142,6 +170,11 @@ def diagnose(source: str) -> list[Finding]:
     if saved and target is None:
         target = "transformers"  # (what save_pretrained writes: transformers' keys; an engine's: rope-ext export)
     original = int(rope_dict(data).get("original_max_position_embeddings") or longest) if kind == "config" else longest
+    dca_engines = ()  # (their own dual chunk attention: its positions are not one rotation to compare)
+    if kind == "config" and data.get("dual_chunk_attention_config") and data.get("model_type") in DCA_MODEL_TYPES:
+        dca_engines = ("vllm", "sglang")
+        findings.append(Finding(OK, "vllm, sglang", "dual chunk attention (dual_chunk_attention_config): their own "
+                                "kernel, not compared here; transformers and llama.cpp ignore the key"))
     worst: dict[str, float] = {}
     lengths: dict[str, int | None] = {}
     for n in sorted({min(2048, original), longest}):
@@ -161,7 +194,7 @@ def diagnose(source: str) -> list[Finding]:
             if n == longest:
                 findings += [Finding(WARNING, engine, f"ignores {line}") for line in rotation.ignored]
                 findings += [Finding(OK, engine, note) for note in rotation.notes]
-            if isinstance(ref, Exception) or engine == reference:
+            if isinstance(ref, Exception) or engine == reference or engine in dca_engines:
                 continue
             if rotation.cos.shape != ref.cos.shape:
                 worst[engine] = float("inf")

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rope_ext.runs.folder import is_finetune_folder
-from rope_ext.runs.saved import saved_with_patch
+from rope_ext.runs.folder import is_finetune_folder, within
+from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.serving.doctor import OK, diagnose
 from rope_ext.serving.plan import APPROXIMATE, REFUSED, TARGETS, TargetPlan, applied, config_from_gguf, target_plan
 
@@ -54,20 +54,36 @@ def gguf_source(source: str) -> Path:
     return path
 
 
-def load_patched(source: str, methods: str | None):
-    """The source model and its tokenizer, patched as saved or with ``methods`` (a folder saved patched and
-    ``methods`` both: refused), and the patch's resolved methods."""
-    from rope_ext.core import get_patch, patch
-    from rope_ext.runs.models import load_model
-    from rope_ext.runs.specs import one_spec
+def export_spec(methods: str | None) -> list | None:
+    """``--methods``: one spec (``a+b`` combines kinds); ``none``: no patch (``[]``); ``None`` or ``saved``: the
+    folder's own patch."""
+    from rope_ext.runs.specs import parse_methods
 
-    configs = one_spec(methods) if methods else None  # (a bad spec refused before the model loads)
+    if methods is None:
+        return None
+    specs = parse_methods(methods)
+    if len(specs) > 1:
+        raise ValueError(f"--methods {methods!r}: an export serves one spec ('+' combines methods of different kinds, "
+                         "yarn:factor=4+dca); export once per spec")
+    return list(next(iter(specs.values())))
+
+
+def load_patched(source: str, methods: str | None):
+    """The source model and its tokenizer, patched as saved, or with ``methods`` (``none``: unpatched; a folder saved
+    patched and other methods: refused), and the patch's resolved methods."""
+    from rope_ext.core import get_patch, patch, unpatch
+    from rope_ext.runs.models import load_model
+
+    configs = export_spec(methods)  # (a bad spec refused before the model loads)
     model, tokenizer = load_model(source)
-    if configs is not None:
+    if configs is not None and not isinstance(configs, SavedPatch):
         if get_patch(model) is not None:
-            raise ValueError(f"{source} was saved patched ({get_patch(model)}); leave --methods out to export that "
-                             "patch, or give the unpatched base model")
-        patch(model, configs)
+            if configs:
+                raise ValueError(f"{source} was saved patched ({get_patch(model)}); leave --methods out to export that "
+                                 "patch, or give the unpatched base model")
+            unpatch(model)  # (none: the model as it was before the patch)
+        if configs:
+            patch(model, configs)
     found = get_patch(model, resolved=True)
     return model, tokenizer, () if found is None else found if isinstance(found, tuple) else (found,)
 
@@ -94,7 +110,8 @@ def serving_commands(plan: TargetPlan, out: Path, gguf_name: str | None = None, 
         override = " ".join(f"--override-kv {key}={kinds[type(value)]}:{value}" for key, value in plan.gguf.items()
                             if type(value) in kinds)
         return [f"llama-server -m {model} -c {n}"] + ([f"llama-server -m {base} -c {n} {override}"] if base else [])
-    return [f"AutoModelForCausalLM.from_pretrained({str(out)!r})  # plain transformers; max_position_embeddings {n}"]
+    stated = plan.config.get("max_position_embeddings", n)
+    return [f"AutoModelForCausalLM.from_pretrained({str(out)!r})  # plain transformers; max_position_embeddings {stated}"]
 
 
 def export(source: str, out: str | os.PathLike, target: str, methods: str | None = None,
@@ -105,17 +122,26 @@ def export(source: str, out: str | os.PathLike, target: str, methods: str | None
         raise ValueError(f"unknown target {target!r}; targets: {', '.join(TARGETS)}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
-    out = Path(out)
+    out = Path(out).absolute()
     check_out(out, overwrite)
+    if source != "default" and os.path.exists(source):
+        source = os.path.abspath(source)
+        inside = within(out, source) or within(source, out) if os.path.isdir(source) else within(source, out)
+        if inside:
+            raise ValueError(f"{out} is the source, inside it or holds it; write the export to another folder")
     if target == "llama.cpp":
-        from rope_ext.runs.specs import one_spec
         from rope_ext.serving.gguf_io import read_metadata
 
         path = gguf_source(source)
         if not methods:
             raise ValueError("--target llama.cpp: give --methods (a GGUF file records no rope_ext patch)")
-        configs = tuple(one_spec(methods))
+        configs = tuple(export_spec(methods))
         metadata = read_metadata(path)
+        arch = metadata.get("general.architecture")
+        scaling = metadata.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none") and metadata.get(f"{arch}.rope.scaling.factor", 1.0) not in (0, 1, 1.0):
+            raise ValueError(f"{source} is scaled already (rope.scaling.type {scaling}, factor "
+                             f"{metadata[f'{arch}.rope.scaling.factor']:g}): export from the unscaled GGUF")
         config, model, tokenizer = config_from_gguf(metadata), None, None
     else:
         from rope_ext.core import unpatch

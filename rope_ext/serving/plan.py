@@ -140,12 +140,18 @@ def layout_keys(params: dict, layout: str) -> dict:
 
 
 def applied(config: dict, changes: dict) -> dict:
-    """``config`` with ``changes`` (a ``None`` value removes the key) and without the other layout's rope keys."""
-    out = {key: value for key, value in config.items() if key not in ("rope_scaling", "rope_parameters", "rope_ext")}
-    if "rope_scaling" not in changes:
-        out.pop("rope_theta", None)
+    """``config`` with ``changes``; where they state the rope keys (either layout), the config's own rope keys (both
+    layouts) give way to them; the ``rope_ext`` block always goes (engines ignore it)."""
+    restated = "rope_parameters" in changes or "rope_scaling" in changes
+    dropped = ("rope_scaling", "rope_parameters", "rope_theta", "rope_ext") if restated else ("rope_ext",)
+    out = {key: value for key, value in config.items() if key not in dropped}
     out.update(changes)
     return {key: value for key, value in out.items() if value is not None or key == "rope_scaling"}
+
+
+def has_rope(config: dict) -> bool:
+    """Whether a config states a rotary embedding (transformers 5's or the legacy layout)."""
+    return bool(config.get("rope_parameters") or config.get("rope_theta") or config.get("rope_scaling"))
 
 
 # --- one target ---------------------------------------------------------------------------------------------------
@@ -200,6 +206,19 @@ def candidates(target: str, params: dict, spec: RotarySpec) -> list[dict]:
     return out
 
 
+def config_class_refusal(config: dict) -> str | None:
+    """Why transformers' config class for ``config['model_type']`` refuses it (Phi-3's takes only ``longrope``), or
+    ``None``."""
+    from rope_ext.serving.engines import hf
+
+    try:
+        hf.config_object(config)
+    except Exception as error:  # noqa: BLE001  (the class's own validation errors)
+        return (f"the {config.get('model_type')} config class refuses these keys, and vLLM and SGLang read config.json "
+                f"through it ({' '.join(str(error).split())[:200]})")
+    return None
+
+
 def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested: int | None, layout: str,
                    metadata: dict | None) -> TargetPlan:
     per_layer = config.get("rope_parameters") or {}
@@ -208,8 +227,14 @@ def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested
                           "are not exported yet (rope_ext.from_pretrained serves the model as patched)")
     spec = rotary_spec(config, method)
     served = served_length(method, spec, requested)
-    # (transformers' dynamic reads L from max_position_embeddings, which then stays L)
-    stated = spec.original_max_position_embeddings if method.dynamic else max(served, config["max_position_embeddings"])
+    opened = served_length(method, spec, None)
+    if requested is not None and not method.dynamic and requested > opened:
+        return TargetPlan(target, REFUSED, f"--max-length {requested} is beyond what {method.method}:factor="
+                          f"{method.factor:g} was made for ({opened} = s L); give a larger factor",
+                          alternative=f"{method.method}:factor={requested / spec.original_max_position_embeddings:g}")
+    # (the config states the context the patch opens, as the factor does: s L; transformers' dynamic reads L from
+    # max_position_embeddings, which then stays L; --max-length is the context served)
+    stated = spec.original_max_position_embeddings if method.dynamic else max(opened, config["max_position_embeddings"])
     native = method.native_rope_parameters(spec, spec.original_max_position_embeddings)
     if native is None:
         return TargetPlan(target, REFUSED, f"{method.method} has no rope type in transformers' set, which every "
@@ -231,6 +256,9 @@ def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested
             changes = {**layout_keys(params, layout), "max_position_embeddings": stated}
             plan = TargetPlan(target, EXACT, "", config=changes, max_length=served)
             reader = reader_for(target, applied(config, changes), None, served)
+            refusal = config_class_refusal(applied(config, changes))
+            if refusal:  # (vLLM and SGLang read config.json through transformers' config classes too)
+                return TargetPlan(target, REFUSED, refusal, alternative=alternative_for(method))
         try:
             plan.difference = measured_difference(method, spec, served, reader)
         except Exception as error:  # noqa: BLE001  (the engine's config class refuses the keys: its own error types)
@@ -267,7 +295,14 @@ def target_plan(config: dict, methods: tuple[MethodConfig, ...], target: str, ma
         raise ValueError(f"unknown target {target!r}; targets: {', '.join(TARGETS)}")
     frequency, others = frequency_methods(tuple(methods))
     if not methods:
-        return TargetPlan(target, EXACT, "the unpatched model: nothing to change", max_length=max_length)
+        return TargetPlan(target, EXACT, "no patch: the model's own config, as it is (rope-ext doctor says what each "
+                          "engine computes from it)", max_length=max_length or config.get("max_position_embeddings"))
+    if max_length is not None and has_rope(config) and max_length < rotary_spec(config).original_max_position_embeddings:
+        raise ValueError(f"--max-length {max_length} is below the model's original context "
+                         f"{rotary_spec(config).original_max_position_embeddings}, where no patch changes anything")
+    if not has_rope(config):
+        return TargetPlan(target, REFUSED, f"a {config.get('model_type')} model has no rotary embedding: the engines "
+                          "serve its own positions, and none has rope_ext's methods for it")
     if len(frequency) == 1 and not others:
         return frequency_plan(config, frequency[0], target, max_length, layout, metadata)
     names = "+".join(method.method for method in methods)

@@ -10,6 +10,7 @@ position asked, whichever is larger) is given, as a forward of that many tokens 
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
@@ -33,14 +34,16 @@ def config_object(config: dict):
     validation gave."""
     from transformers import AutoConfig
 
-    values = {key: value for key, value in config.items() if key not in ("model_type", "transformers_version")}
+    values = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "transformers_version")})
     handler = _Warnings()
     logger = logging.getLogger(LOGGER)
     logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False  # (collected into ``ignored``, not printed)
     try:
         built = AutoConfig.for_model(config.get("model_type", "llama"), **values)
     finally:
         logger.removeHandler(handler)
+        logger.propagate = propagate
     return built, handler.messages
 
 
@@ -57,6 +60,8 @@ def rotation(config: dict, positions: torch.Tensor, max_model_len: int | None = 
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     built, warnings = config_object(config)
+    if not getattr(built, "rope_parameters", None):
+        raise ValueError(f"a {config.get('model_type')} config states no rotary embedding")
     params = rope_parameters(built)
     rope_type = params.get("rope_type", "default")
     ignored = [f"rope_parameters.{key.strip(chr(39))}: transformers' {rope_type} does not read it"
