@@ -39,7 +39,7 @@ def plan(spec: str, target: str, config: dict = SMOL, **kwargs):
                                             "llama.cpp": EXACT}),
     ("ntk_by_parts:factor=4", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": EXACT}),
     ("yarn:factor=4:truncate=false", {"transformers": EXACT, "llama.cpp": REFUSED}),
-    ("llama3:factor=8", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": REFUSED}),
+    ("llama3:factor=8", {"transformers": EXACT, "vllm": EXACT, "sglang": EXACT, "llama.cpp": EXACT}),
     ("dynamic_ntk:factor=4", {"transformers": EXACT, "vllm": APPROXIMATE, "sglang": APPROXIMATE,
                               "llama.cpp": REFUSED}),
     ("dynamic_yarn:factor=4", {"transformers": REFUSED, "vllm": REFUSED, "llama.cpp": REFUSED}),
@@ -97,7 +97,7 @@ def test_dca_is_mapped_where_the_engine_reads_it_and_refused_elsewhere():
     assert got.status == MAPPED
     # rope_ext's defaults: chunk_size 3L/4, local_window L/8 (vLLM's chunk_size and local_size, same convention)
     assert got.config["dual_chunk_attention_config"] == {
-        "chunk_size": 6144, "local_size": 1024, "original_max_position_embeddings": 8192}
+        "chunk_size": 6144, "local_size": 1024}
     refused = plan("dca", "vllm")
     assert "qwen2, qwen2_moe, qwen3, qwen3_moe, not llama" in refused.reason and "yarn:factor=S" in refused.alternative
 
@@ -201,8 +201,33 @@ def test_the_default_gguf_round_trips_with_yarn_keys(tmp_path):
     assert [line.split(":")[0] for line in record["other_engines"]] == ["transformers"]
     assert "loads this file unscaled" in record["other_engines"][0]
     assert not [f for f in diagnose(str(out)) if f.level == MISMATCH]  # (the folder: its one GGUF)
-    with pytest.raises(ValueError, match=r"is scaled already \(rope.scaling.type yarn, factor 4\)"):
+    with pytest.raises(ValueError, match=r"was written by rope-ext export .*export from the original GGUF"):
         export(str(gguf), tmp_path / "again", "llama.cpp", methods="ntk:factor=2")
+
+
+def test_llama3_reaches_llama_cpp_as_its_rope_freqs_tensor(tmp_path):
+    """llama.cpp serves Llama 3's rotation by dividing each angle by rope_freqs.weight (its converter's tensor): the
+    export adds it, computed apart here from Llama 3.1's rule (wavelength bands at L / low and L / high)."""
+    from rope_ext.serving.gguf_io import read_metadata, read_rope_factors
+
+    record = export("default", tmp_path / "l3", "llama.cpp", methods="llama3:factor=8")
+    (gguf,) = (tmp_path / "l3").glob("*.gguf")
+    factors = read_rope_factors(gguf)["rope_freqs.weight"]
+    L, low, high, s = 8192, 1.0, 4.0, 8.0
+    expected = []
+    for i in range(32):
+        wavelength = 2 * math.pi * 100000.0 ** (2 * i / 64)
+        if wavelength < L / high:
+            expected.append(1.0)
+        elif wavelength > L / low:
+            expected.append(s)
+        else:
+            smooth = (L / wavelength - low) / (high - low)
+            expected.append(1 / ((1 - smooth) / s + smooth))
+    assert factors == pytest.approx(expected, rel=1e-5)
+    keys = read_metadata(gguf)
+    assert keys["llama.rope.scaling.type"] == "none" and keys["llama.context_length"] == 65536
+    assert record["plan"]["status"] == EXACT and not [f for f in diagnose(str(gguf)) if f.level == MISMATCH]
 
 
 # --- doctor -----------------------------------------------------------------------------------------------------
@@ -328,7 +353,7 @@ def saved_tiny(path, family="llama", theta=1e6):
     return model
 
 
-def AutoModelForCausalLMFrom(config):  # noqa: N802
+def AutoModelForCausalLMFrom(config):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -378,3 +403,25 @@ def test_what_an_engine_s_config_class_or_the_model_cannot_take_is_refused(tmp_p
     with pytest.raises(ValueError, match="an export serves one spec"):
         export(str(tiny_folder), tmp_path / "o", "vllm", methods="yarn:factor=4,pi:factor=2")
     assert main(["merge", str(tiny_folder), str(tmp_path / "m"), "--target", "llama.cpp"]) == 2  # (a GGUF: export)
+
+
+def test_a_model_exported_as_it_is_is_restated_for_the_engine_and_in_the_layout_asked(tmp_path, tiny_folder):
+    """A transformers export of yarn with attention_factor 1.0, exported again for vLLM with no patch: vLLM's keys are
+    added (attn_factor), so vLLM computes what transformers does; --layout is honoured without a patch too."""
+    first = tmp_path / "first"
+    export(str(tiny_folder), first, "transformers", methods="yarn:factor=4:attention_factor=1.0")
+    record = export(str(first), tmp_path / "again", "vllm", layout="rope_scaling")
+    assert record["plan"]["status"] == EXACT
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["rope_scaling"]["attn_factor"] == pytest.approx(1 / (0.1 * math.log(4) + 1))
+    assert config["rope_theta"] == 10000.0 and "rope_parameters" not in config
+    assert not [f for f in diagnose(str(tmp_path / "again")) if f.level == MISMATCH]
+
+
+def test_more_bad_values_are_refused_with_their_reason(tmp_path):
+    refused = plan("self_extend:G=4:W=512", "llama.cpp", max_length=40000)
+    assert refused.status == REFUSED and "beyond what self_extend:G=4:W=512 reaches (31232" in refused.reason
+    assert plan("yarn:factor=4", "vllm", max_length=32800).alternative == "yarn:factor=4.00390625"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "rope_parameters": "x"}))
+    with pytest.raises(ValueError, match="rope_parameters must be an object"):
+        diagnose(str(tmp_path / "config.json"))

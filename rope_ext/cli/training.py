@@ -8,7 +8,7 @@ from typing import Any
 
 from rope_ext.cli.options import config_flags
 from rope_ext.runs.models import merge
-from rope_ext.serving.plan import plain_transformers_gap
+from rope_ext.serving.saved import plain_transformers_gap
 from rope_ext.train.config import FinetuneConfig, TrainConfig
 from rope_ext.train.finetune import finetune
 from rope_ext.train.pretrain import train

@@ -19,13 +19,12 @@ import torch
 
 from rope_ext.serving.plan import (
     DCA_MODEL_TYPES,
-    config_from_gguf,
     has_rope,
-    plain_transformers_gap,
     rope_dict,
     rotary_spec,
     tolerance,
 )
+from rope_ext.serving.saved import config_from_gguf, plain_transformers_gap
 
 MISMATCH, WARNING, OK = "mismatch", "warning", "ok"
 ORDER = {MISMATCH: 0, WARNING: 1, OK: 2}
@@ -45,6 +44,9 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: not a JSON model config ({error})") from None
     if not isinstance(data, dict) or not ({"hidden_size", "num_attention_heads", "model_type"} & set(data)):
         raise ValueError(f"{path}: not a model config (no model_type, hidden_size or num_attention_heads)")
+    for key in ("rope_parameters", "rope_scaling"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise ValueError(f"{path}: {key} must be an object (a JSON dict) or null, not {data[key]!r}")
     return data
 
 
@@ -60,11 +62,11 @@ def read_source(source: str) -> tuple[str, dict, dict | None]:
                              "folder, a config.json or a .gguf file")
         path = ggufs[0]
     if path.suffix == ".gguf" and path.is_file():
-        from rope_ext.serving.gguf_io import read_metadata
+        from rope_ext.serving.gguf_io import read_metadata, read_rope_factors
 
         export = path.parent / "export.json"  # (the export that wrote it, if any)
         try:
-            metadata = read_metadata(path)
+            metadata = {**read_metadata(path), **read_rope_factors(path)}
         except Exception as error:  # noqa: BLE001  (gguf's reader: its own errors for a file that is not GGUF)
             raise ValueError(f"{path}: not a GGUF file ({error})") from None
         return "gguf", metadata, json.loads(export.read_text()) if export.is_file() else None
@@ -109,6 +111,10 @@ def rotations(kind: str, data: dict, positions: torch.Tensor, n: int) -> dict[st
     for engine, read in readers.items():
         try:
             out[engine] = read()
+        except KeyError as error:
+            out[engine] = ValueError(f"the config lacks {error.args[0]!r}")
+        except TypeError as error:
+            out[engine] = ValueError(f"a value of the wrong type in the config ({error})")
         except Exception as error:  # noqa: BLE001  (an engine's config class refusing it is a finding, not a crash)
             out[engine] = error
     return out

@@ -21,9 +21,20 @@ from typing import Any
 from rope_ext.runs.folder import is_finetune_folder, within
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.serving.doctor import OK, diagnose
-from rope_ext.serving.plan import APPROXIMATE, REFUSED, TARGETS, TargetPlan, applied, config_from_gguf, target_plan
+from rope_ext.serving.plan import (
+    APPROXIMATE,
+    REFUSED,
+    TARGETS,
+    TargetPlan,
+    applied,
+    has_rope,
+    target_plan,
+)
+from rope_ext.serving.saved import config_from_gguf
 
 EXPORT_FILE = "export.json"
+#: the GGUF key an export writes (llama.cpp ignores it): the methods, so a second export from that file is refused
+EXPORTED_KEY = "rope_ext.methods"
 LAYOUTS = ("rope_parameters", "rope_scaling")
 
 
@@ -132,12 +143,18 @@ def export(source: str, out: str | os.PathLike, target: str, methods: str | None
     if target == "llama.cpp":
         from rope_ext.serving.gguf_io import read_metadata
 
+        if layout != "rope_parameters":
+            raise ValueError("--layout is for config.json (transformers, vllm, sglang); a GGUF has its own keys")
+
         path = gguf_source(source)
         if not methods:
             raise ValueError("--target llama.cpp: give --methods (a GGUF file records no rope_ext patch)")
         configs = tuple(export_spec(methods))
         metadata = read_metadata(path)
         arch = metadata.get("general.architecture")
+        if EXPORTED_KEY in metadata:  # (an export of ours: its base or scaling is changed already)
+            raise ValueError(f"{source} was written by rope-ext export ({metadata[EXPORTED_KEY]}): export from the "
+                             "original GGUF")
         scaling = metadata.get(f"{arch}.rope.scaling.type")
         if scaling not in (None, "none") and metadata.get(f"{arch}.rope.scaling.factor", 1.0) not in (0, 1, 1.0):
             raise ValueError(f"{source} is scaled already (rope.scaling.type {scaling}, factor "
@@ -170,7 +187,8 @@ def export(source: str, out: str | os.PathLike, target: str, methods: str | None
             from rope_ext.serving.gguf_io import write_with_metadata
 
             gguf_name = path.name
-            write_with_metadata(path, work_path / gguf_name, plan.gguf)
+            marker = {EXPORTED_KEY: json.dumps([method.to_dict() for method in configs])}
+            write_with_metadata(path, work_path / gguf_name, {**plan.gguf, **marker}, tensors=plan.tensors)
         else:
             model.save_pretrained(work_path)
             tokenizer.save_pretrained(work_path)
@@ -185,7 +203,7 @@ def export(source: str, out: str | os.PathLike, target: str, methods: str | None
         # what the other engines make of it (rope-ext doctor on the folder: their differences are warnings here)
         source_file = work_path / gguf_name if gguf_name else work_path
         record["other_engines"] = [f"{finding.engine}: {finding.message}" for finding in diagnose(str(source_file))
-                                   if finding.level != OK and finding.engine != target]
+                                   if finding.level != OK and finding.engine != target] if has_rope(config) else []
         (work_path / EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
         mask = os.umask(0)
         os.umask(mask)

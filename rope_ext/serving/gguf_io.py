@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 from gguf import GGUFValueType
 
 from rope_ext.serving.engines.llamacpp import FACTOR_TENSORS, YARN_KEY_ARCHS, YARN_LOG_MUL_DIVISORS, mscale
@@ -191,14 +192,19 @@ def _refuse(key: str, value: Any, vtype: GGUFValueType):
 
 
 def write_with_metadata(src: str | os.PathLike, dst: str | os.PathLike, changes: dict[str, Any],
-                        removed: list[str] | tuple[str, ...] = ()) -> Path:
+                        removed: list[str] | tuple[str, ...] = (), tensors: dict[str, Any] | None = None) -> Path:
     """Copy the GGUF ``src`` to ``dst`` with the keys in ``changes`` set (changed in place, new ones appended) and
-    those in ``removed`` left out, tensors byte for byte; atomic (a temporary file renamed over ``dst``)."""
+    those in ``removed`` left out, tensors byte for byte, and the float32 ``tensors`` added (Llama 3's
+    ``rope_freqs.weight``; one the file has already is refused); atomic (a temporary file renamed over ``dst``)."""
     src, dst = Path(src), Path(dst)
+    added = {name: np.asarray(values, dtype=np.float32) for name, values in (tensors or {}).items()}
     removed = set(removed)
     if removed & set(changes):
         raise ValueError(f"keys both changed and removed: {sorted(removed & set(changes))}")
     reader = gguf.GGUFReader(src)
+    present = sorted(set(added) & {t.name for t in reader.tensors})
+    if present:
+        raise ValueError(f"{src} has the tensors {', '.join(present)} already")
     fields = {name: f for name, f in reader.fields.items() if not name.startswith("GGUF.")}
     typed = {k: _typed(k, v, fields[k].types[0] if k in fields else None) for k, v in changes.items()}
     if ARCHITECTURE not in changes and ARCHITECTURE not in fields:
@@ -225,11 +231,15 @@ def write_with_metadata(src: str | os.PathLike, dst: str | os.PathLike, changes:
                     writer.add_key_value(name, value, vtype, sub_type=sub)
             for t in reader.tensors:
                 writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+            for name, array in added.items():
+                writer.add_tensor_info(name, array.shape, array.dtype, array.nbytes, gguf.GGMLQuantizationType.F32)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
             for t in reader.tensors:
                 writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+            for array in added.values():
+                writer.write_tensor_data(array, tensor_endianess=reader.endianess)
         finally:
             writer.close()
         with open(tmp, "rb+") as f:

@@ -16,16 +16,14 @@ flags, the context to serve, and a status:
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from rope_ext.methods import FrequencyConfig, MethodConfig, RotarySpec
+from rope_ext.methods.frequency import default_inv_freq
 from rope_ext.serving import TARGETS
 from rope_ext.serving.rotation import Rotation, cos_sin
 
@@ -43,6 +41,7 @@ class TargetPlan:
     reason: str
     config: dict[str, Any] = field(default_factory=dict)  # config.json keys to set (HF targets)
     gguf: dict[str, Any] = field(default_factory=dict)  # GGUF keys to set (llama.cpp)
+    tensors: dict[str, list[float]] = field(default_factory=dict)  # GGUF tensors to add (Llama 3's rope_freqs)
     flags: list[str] = field(default_factory=list)  # engine command-line flags beyond the model and the context
     max_length: int | None = None  # the context to serve
     difference: float | None = None  # the largest |cos|, |sin| difference measured against rope_ext
@@ -214,8 +213,8 @@ def config_class_refusal(config: dict) -> str | None:
     try:
         hf.config_object(config)
     except Exception as error:  # noqa: BLE001  (the class's own validation errors)
-        return (f"the {config.get('model_type')} config class refuses these keys, and vLLM and SGLang read config.json "
-                f"through it ({' '.join(str(error).split())[:200]})")
+        return (f"the {config.get('model_type')} config class refuses these keys (transformers, vLLM and SGLang read "
+                f"config.json through it: {' '.join(str(error).split())[:200]})")
     return None
 
 
@@ -231,7 +230,7 @@ def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested
     if requested is not None and not method.dynamic and requested > opened:
         return TargetPlan(target, REFUSED, f"--max-length {requested} is beyond what {method.method}:factor="
                           f"{method.factor:g} was made for ({opened} = s L); give a larger factor",
-                          alternative=f"{method.method}:factor={requested / spec.original_max_position_embeddings:g}")
+                          alternative=f"{method.method}:factor={requested / spec.original_max_position_embeddings:.10g}")
     # (the config states the context the patch opens, as the factor does: s L; transformers' dynamic reads L from
     # max_position_embeddings, which then stays L; --max-length is the context served)
     stated = spec.original_max_position_embeddings if method.dynamic else max(opened, config["max_position_embeddings"])
@@ -246,19 +245,27 @@ def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested
             from rope_ext.serving.gguf_io import hf_to_gguf_rope
 
             source = metadata or gguf_metadata(config)
+            arch = str(source["general.architecture"])
+            tensors = {}
             try:
-                keys = hf_to_gguf_rope(params, stated, str(source["general.architecture"]))
+                if params["rope_type"] == "llama3":  # (as llama.cpp's converter: the divisors as rope_freqs.weight)
+                    keys = hf_to_gguf_rope({"rope_type": "default", "rope_theta": spec.base}, stated, arch)
+                    inv_freq, _ = method.frequencies(spec)
+                    tensors = {"rope_freqs.weight": (default_inv_freq(spec.base, spec.dim) / inv_freq).tolist()}
+                else:
+                    keys = hf_to_gguf_rope(params, stated, arch)
             except ValueError as error:
                 return TargetPlan(target, REFUSED, str(error), alternative=alternative_for(method))
-            plan = TargetPlan(target, EXACT, "", gguf=keys, max_length=served)
-            reader = reader_for(target, {}, {**source, **keys}, served)
+            plan = TargetPlan(target, EXACT, "", gguf=keys, tensors=tensors, max_length=served)
+            reader = reader_for(target, {}, {**source, **keys, **tensors}, served)
         else:
             changes = {**layout_keys(params, layout), "max_position_embeddings": stated}
             plan = TargetPlan(target, EXACT, "", config=changes, max_length=served)
             reader = reader_for(target, applied(config, changes), None, served)
             refusal = config_class_refusal(applied(config, changes))
             if refusal:  # (vLLM and SGLang read config.json through transformers' config classes too)
-                return TargetPlan(target, REFUSED, refusal, alternative=alternative_for(method))
+                instead = f"ntk:factor={method.factor:g} (a new base, which every config class takes)"
+                return TargetPlan(target, REFUSED, refusal, alternative=None if method.method == "ntk" else instead)
         try:
             plan.difference = measured_difference(method, spec, served, reader)
         except Exception as error:  # noqa: BLE001  (the engine's config class refuses the keys: its own error types)
@@ -286,6 +293,38 @@ def alternative_for(method: MethodConfig) -> str | None:
     return None if factor else "yarn:factor=S"
 
 
+def as_is_plan(config: dict, target: str, served: int | None, layout: str) -> TargetPlan:
+    """No patch: the config's own rotation (transformers' reading of it) served by ``target``, its rope keys restated
+    in ``layout`` and in the engine's terms where it reads them otherwise (vLLM's ``attn_factor``)."""
+    from rope_ext.serving.engines import hf
+
+    if not has_rope(config) or target == "llama.cpp":
+        return TargetPlan(target, EXACT, "no patch: the model's own config, as it is", max_length=served)
+    params = rope_dict(config)
+    spec = rotary_spec(config)
+    best: TargetPlan | None = None
+    for candidate in candidates(target, params, spec):
+        changes = layout_keys(candidate, layout)
+        written = applied(config, changes)
+        n = served or config["max_position_embeddings"]
+        gap = 0.0
+        for length in probe_lengths(spec, n):
+            positions = torch.tensor(sorted({0, 1, length // 2, length - 1}), dtype=torch.int64)
+            ref, got = hf.rotation(config, positions), reader_for(target, written, None, n)(positions, length)
+            excess = torch.maximum((ref.cos - got.cos).abs(), (ref.sin - got.sin).abs())
+            if bool((excess > tolerance(positions)[:, None]).any()):
+                gap = max(gap, float(excess.max()))
+        plan = TargetPlan(target, EXACT, "no patch: the model's own rotation (as transformers reads its config), "
+                          f"restated for {target}", config=changes, max_length=served, difference=gap)
+        if gap == 0.0:
+            return plan
+        if best is None or gap < best.difference:
+            best = plan
+    best.status = APPROXIMATE
+    best.reason = f"{target} computes another rotation from this config: cos/sin differ by up to {best.difference:.3g}"
+    return best
+
+
 def target_plan(config: dict, methods: tuple[MethodConfig, ...], target: str, max_length: int | None = None,
                 layout: str = "rope_parameters", metadata: dict | None = None) -> TargetPlan:
     """What to write for ``target`` so that it serves ``config``'s model patched with ``methods`` (resolved), or
@@ -295,8 +334,7 @@ def target_plan(config: dict, methods: tuple[MethodConfig, ...], target: str, ma
         raise ValueError(f"unknown target {target!r}; targets: {', '.join(TARGETS)}")
     frequency, others = frequency_methods(tuple(methods))
     if not methods:
-        return TargetPlan(target, EXACT, "no patch: the model's own config, as it is (rope-ext doctor says what each "
-                          "engine computes from it)", max_length=max_length or config.get("max_position_embeddings"))
+        return as_is_plan(config, target, max_length or config.get("max_position_embeddings"), layout)
     if max_length is not None and has_rope(config) and max_length < rotary_spec(config).original_max_position_embeddings:
         raise ValueError(f"--max-length {max_length} is below the model's original context "
                          f"{rotary_spec(config).original_max_position_embeddings}, where no patch changes anything")
@@ -318,8 +356,7 @@ def target_plan(config: dict, methods: tuple[MethodConfig, ...], target: str, ma
             return TargetPlan(target, REFUSED, f"dca: {target} reads dual_chunk_attention_config only for "
                               f"{', '.join(DCA_MODEL_TYPES)}, not {model_type}", alternative=SERVABLE_INSTEAD)
         served = max_length or 4 * spec.original_max_position_embeddings
-        dca = {"chunk_size": method.chunk_size, "local_size": method.local_window,
-               "original_max_position_embeddings": spec.original_max_position_embeddings}
+        dca = {"chunk_size": method.chunk_size, "local_size": method.local_window}
         return TargetPlan(target, MAPPED, f"{target}'s own dual chunk attention, chunk_size {method.chunk_size}, "
                           f"local_size {method.local_window} (its kernel, not compared here)",
                           config={"dual_chunk_attention_config": dca, "max_position_embeddings": served},
@@ -327,54 +364,14 @@ def target_plan(config: dict, methods: tuple[MethodConfig, ...], target: str, ma
     if not rest and method.method == "self_extend" and target == "llama.cpp":
         from rope_ext.serving.engines.llamacpp import self_extend_arguments
 
-        served = max_length or method.intended_length(spec.original_max_position_embeddings)
+        intended = method.intended_length(spec.original_max_position_embeddings)
+        if max_length is not None and max_length > intended:
+            return TargetPlan(target, REFUSED, f"--max-length {max_length} is beyond what self_extend:G={method.G}:W="
+                              f"{method.W} reaches ({intended}: grouped positions stay below L); give a larger G")
+        served = max_length or intended
         return TargetPlan(target, MAPPED, f"llama.cpp's group attention (llama-completion; llama-server dropped it), "
                           f"G {method.G}, W {method.W}", flags=self_extend_arguments(method.G, method.W),
                           max_length=served)
     where = "plain transformers" if target == "transformers" else target
     return TargetPlan(target, REFUSED, f"{names}: {where} has no such attention (rope_ext.from_pretrained serves it, "
                       "from the saved rope_ext block)", alternative=SERVABLE_INSTEAD)
-
-
-def config_from_gguf(metadata: dict) -> dict:
-    """The config fields a plan reads, from a GGUF's keys."""
-    arch = str(metadata["general.architecture"])
-    heads = metadata[f"{arch}.attention.head_count"]
-    heads = heads[0] if isinstance(heads, list) else heads
-    hidden = int(metadata[f"{arch}.embedding_length"])
-    head_dim = int(metadata.get(f"{arch}.attention.key_length", hidden // int(heads)))
-    rotated = int(metadata.get(f"{arch}.rope.dimension_count", head_dim))
-    return {
-        "model_type": arch, "hidden_size": hidden, "num_attention_heads": int(heads), "head_dim": head_dim,
-        "partial_rotary_factor": rotated / head_dim, "max_position_embeddings": int(metadata[f"{arch}.context_length"]),
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 1e4))},
-    }
-
-
-def plain_transformers_gap(folder: str | os.PathLike) -> str | None:
-    """Why plain transformers (without rope_ext) loads a model saved patched otherwise than rope_ext computes it, or
-    ``None`` where its config.json's own rope keys give the patch's rotation (checked by transformers' reader)."""
-    from rope_ext.serving.engines import hf
-
-    config = json.loads((Path(folder) / "config.json").read_text())
-    block = config.get("rope_ext")
-    if not isinstance(block, dict):
-        return None
-    methods = tuple(MethodConfig.from_dict(m) for m in block.get("methods", []))
-    frequency, others = frequency_methods(methods)
-    names = "+".join(method.method for method in methods)
-    if others:
-        return f"{names}: plain transformers has no such attention, and loads the model without it"
-    unpatched = {**config, **{key: value for key, value in block.get("base", {}).items() if "." not in key}}
-    spec = rotary_spec(unpatched, frequency[0])
-    served = served_length(frequency[0], spec, None)
-    try:
-        gap = measured_difference(frequency[0], spec, served, lambda positions, n: hf.rotation(config, positions))
-    except (ValueError, KeyError) as error:
-        return f"{names}: transformers does not read its config ({error})"
-    if gap:
-        rope = config.get("rope_parameters", {}).get("rope_type", "default")
-        return (f"{names}: its config.json states rope_type {rope!r} (no rope type that a {config.get('model_type')} "
-                f"config accepts gives it), so plain transformers computes another rotation (cos/sin up to {gap:.3g} "
-                "apart)")
-    return None
