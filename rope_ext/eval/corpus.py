@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rope_ext.runs.atomic import written_whole
+
 if TYPE_CHECKING:
     from datasets import Dataset
 
@@ -100,7 +102,8 @@ def fetch_texts(names: list[str] | None = None) -> list[str]:
             continue
         os.makedirs(texts_root(), exist_ok=True)
         with tempfile.TemporaryDirectory(dir=texts_root()) as work:  # (a half-unpacked package is never seen)
-            result = subprocess.run(["apt-get", "download", package], cwd=work, capture_output=True, text=True)
+            download = ["apt-get", "download", package]
+            result = subprocess.run(download, cwd=work, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
                 raise OSError(f"apt-get download {package} failed ({reason}): `sudo apt-get update` may be needed")
@@ -146,7 +149,7 @@ def _gnu_standards() -> list[tuple[str, str]]:
     return [(names[path.rsplit("/", 1)[1]], _info(path)) for path in paths if path.rsplit("/", 1)[1] in names]
 
 
-# Generated lists (contents, API, internals, modules, Unicode properties), not prose; the version deltas are left out too.
+# Generated lists (contents, API, internals, modules, Unicode properties), not prose; version deltas are left out too.
 PERL_SKIPPED = ("perltoc", "perlapi", "perluniprops", "perlintern", "perlmodlib")
 
 
@@ -198,7 +201,8 @@ def text_version(name: str) -> str:
             return json.load(handle)["deb"]
     if os.path.isdir(os.path.join(texts_root(), package)):
         return f"{package} (unpacked in {texts_root()}, version not recorded)"
-    result = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True)
+    result = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True,
+                            check=False)
     return f"{package} {result.stdout.strip() or 'unknown version'} (installed)"
 
 
@@ -218,26 +222,15 @@ def write_corpus(out: str, names: list[str], overwrite: bool = False) -> dict:
             raise ValueError(f"{out} already holds a corpus: pass --overwrite to replace it, or give a new folder")
     documents = {name: text_documents(name) for name in dict.fromkeys(names)}  # (every text read before writing)
     manifest: dict = {"texts": {}}
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent, prefix=".corpus-") as work:
+    with written_whole(os.path.abspath(out), ".corpus-") as work:
         for name, docs in documents.items():
-            os.makedirs(os.path.join(work, name))
+            (work / name).mkdir()
             entry = {"package": text_version(name), "license": TEXTS[name].license, "about": TEXTS[name].about}
             entry["documents"] = {}
             for title, text in docs:
-                with open(os.path.join(work, name, title), "w", encoding="utf-8") as handle:
-                    handle.write(text)
+                (work / name / title).write_text(text, encoding="utf-8")
                 digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
                 entry["documents"][title] = {"characters": len(text), "sha256": digest}
             manifest["texts"][name] = entry
-        with open(os.path.join(work, "corpus.json"), "w", encoding="utf-8") as handle:
-            json.dump(manifest, handle, indent=1)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(work, 0o777 & ~mask)  # (a temporary folder is private)
-        if os.path.lexists(out):
-            shutil.rmtree(out)
-        os.replace(work, out)
-        os.makedirs(work)  # (for the context manager's cleanup)
+        (work / "corpus.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return manifest

@@ -20,9 +20,11 @@ import torch
 from rope_ext.serving.plan import (
     DCA_MODEL_TYPES,
     has_rope,
+    probe_lengths,
+    probe_positions,
     rope_dict,
     rotary_spec,
-    tolerance,
+    rotation_gap,
 )
 from rope_ext.serving.saved import config_from_gguf, plain_transformers_gap
 
@@ -183,8 +185,8 @@ def diagnose(source: str) -> list[Finding]:
                                 "kernel, not compared here; transformers and llama.cpp ignore the key"))
     worst: dict[str, float] = {}
     lengths: dict[str, int | None] = {}
-    for n in sorted({min(2048, original), longest}):
-        positions = torch.tensor(sorted({0, 1, n // 2, n - 1}), dtype=torch.int64)
+    for n in probe_lengths(original, longest):
+        positions = probe_positions(n)
         found = rotations(kind, data, positions, n)
         ref = found[reference]
         for engine, rotation in found.items():
@@ -202,12 +204,9 @@ def diagnose(source: str) -> list[Finding]:
                 findings += [Finding(OK, engine, note) for note in rotation.notes]
             if isinstance(ref, Exception) or engine == reference or engine in dca_engines:
                 continue
-            if rotation.cos.shape != ref.cos.shape:
-                worst[engine] = float("inf")
-                continue
-            gap = torch.maximum((rotation.cos - ref.cos).abs(), (rotation.sin - ref.sin).abs())
-            if bool((gap > tolerance(positions)[:, None]).any()):
-                worst[engine] = max(worst.get(engine, 0.0), float(gap.max()))
+            gap = rotation_gap(ref.cos, ref.sin, rotation, positions)
+            if gap:
+                worst[engine] = max(worst.get(engine, 0.0), gap)
     for engine, gap in worst.items():
         if gap == float("inf") and lengths.get(engine) is None:
             continue  # (said above)

@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from rope_ext.runs.atomic import written_whole
 from rope_ext.runs.folder import is_finetune_folder, within
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.serving.doctor import OK, diagnose
@@ -179,9 +178,7 @@ def export(source: str, out: str | os.PathLike, target: str, methods: str | None
         "methods": [method.to_dict() for method in configs],
         "plan": dataclasses.asdict(plan),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as work:
-        work_path = Path(work)
+    with written_whole(out, f".{out.name}-") as work_path:
         gguf_name = None
         if target == "llama.cpp":
             from rope_ext.serving.gguf_io import write_with_metadata
@@ -205,12 +202,4 @@ def export(source: str, out: str | os.PathLike, target: str, methods: str | None
         record["other_engines"] = [f"{finding.engine}: {finding.message}" for finding in diagnose(str(source_file))
                                    if finding.level != OK and finding.engine != target] if has_rope(config) else []
         (work_path / EXPORT_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        for item in [work_path, *work_path.rglob("*")]:  # (temporary files and folders are private)
-            os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(work_path, out)
-        work_path.mkdir()  # (for the context manager's cleanup)
     return record

@@ -86,26 +86,35 @@ def rotary_spec(config: dict, method: MethodConfig | None = None) -> RotarySpec:
                       original_max_position_embeddings=int(original))
 
 
-def probe_lengths(spec: RotarySpec, served: int) -> list[int]:
-    """The request lengths a plan is checked at: a short one inside ``L`` and the longest served."""
-    return sorted({min(2048, spec.original_max_position_embeddings), served})
+def probe_lengths(original: int, served: int) -> list[int]:
+    """The request lengths a rotation is checked at: a short one inside the original context and the longest served."""
+    return sorted({min(2048, original), served})
+
+
+def probe_positions(n: int) -> torch.Tensor:
+    """The positions a request of ``n`` tokens is checked at: 0, 1, n/2 and n - 1."""
+    return torch.tensor(sorted({0, 1, n // 2, n - 1}), dtype=torch.int64)
+
+
+def rotation_gap(cos: torch.Tensor, sin: torch.Tensor, theirs: Rotation, positions: torch.Tensor) -> float:
+    """The largest |cos|, |sin| difference between ``(cos, sin)`` and ``theirs`` where some value is beyond float32
+    rounding (``tolerance``); 0.0 where every one is within it; ``inf`` where their shapes differ."""
+    if theirs.cos.shape != cos.shape or theirs.sin.shape != sin.shape:
+        return math.inf
+    gap = torch.maximum((cos - theirs.cos).abs(), (sin - theirs.sin).abs())
+    return float(gap.max()) if bool((gap > tolerance(positions)[:, None]).any()) else 0.0
 
 
 def measured_difference(method: FrequencyConfig, spec: RotarySpec, served: int, reader) -> float:
     """The largest |cos|, |sin| difference, beyond float32 rounding, between rope_ext's rotation and ``reader(
-    positions, n)`` (an engine's ``Rotation`` for requests of ``n`` tokens) at positions 0, 1, n/2 and n - 1 of each
-    probe length ``n``; 0.0 when every value is within ``tolerance``."""
+    positions, n)`` (an engine's ``Rotation`` for requests of ``n`` tokens) at the probe positions of each probe
+    length ``n``; 0.0 when every value is within ``tolerance``."""
     worst = 0.0
-    for n in probe_lengths(spec, served):
-        positions = torch.tensor(sorted({0, 1, n // 2, n - 1}), dtype=torch.int64)
+    for n in probe_lengths(spec.original_max_position_embeddings, served):
+        positions = probe_positions(n)
         inv_freq, factor = method.frequencies(spec, n if method.dynamic else None)
-        ours = cos_sin(spec.kept(inv_freq), positions, float(factor))
-        theirs: Rotation = reader(positions, n)
-        for mine, engine in zip(ours, (theirs.cos, theirs.sin)):
-            if engine.shape != mine.shape:
-                return math.inf
-            excess = (mine - engine).abs() - tolerance(positions)[:, None]
-            worst = max(worst, float((mine - engine).abs().max()) if bool((excess > 0).any()) else 0.0)
+        worst = max(worst, rotation_gap(*cos_sin(spec.kept(inv_freq), positions, float(factor)),
+                                        reader(positions, n), positions))
     return worst
 
 
@@ -175,12 +184,10 @@ def reader_for(target: str, config: dict, metadata: dict | None, served: int):
 def gguf_metadata(config: dict) -> dict:
     """The GGUF keys llama.cpp's rotation reads, as a conversion of ``config`` would write them (for a plan made
     without a GGUF file at hand)."""
-    params = rope_dict(config)
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    spec = rotary_spec(config)
     return {
         "general.architecture": "llama", "llama.context_length": config["max_position_embeddings"],
-        "llama.rope.freq_base": float(params.get("rope_theta", 10000.0)),
-        "llama.rope.dimension_count": int(head_dim * params.get("partial_rotary_factor", 1.0)),
+        "llama.rope.freq_base": spec.base, "llama.rope.dimension_count": spec.dim,
         "llama.embedding_length": config["hidden_size"], "llama.attention.head_count": config["num_attention_heads"],
     }
 
@@ -260,9 +267,10 @@ def frequency_plan(config: dict, method: FrequencyConfig, target: str, requested
             reader = reader_for(target, {}, {**source, **keys, **tensors}, served)
         else:
             changes = {**layout_keys(params, layout), "max_position_embeddings": stated}
+            written = applied(config, changes)
             plan = TargetPlan(target, EXACT, "", config=changes, max_length=served)
-            reader = reader_for(target, applied(config, changes), None, served)
-            refusal = config_class_refusal(applied(config, changes))
+            reader = reader_for(target, written, None, served)
+            refusal = config_class_refusal(written)
             if refusal:  # (vLLM and SGLang read config.json through transformers' config classes too)
                 instead = f"ntk:factor={method.factor:g} (a new base, which every config class takes)"
                 return TargetPlan(target, REFUSED, refusal, alternative=None if method.method == "ntk" else instead)
@@ -308,12 +316,11 @@ def as_is_plan(config: dict, target: str, served: int | None, layout: str) -> Ta
         written = applied(config, changes)
         n = served or config["max_position_embeddings"]
         gap = 0.0
-        for length in probe_lengths(spec, n):
-            positions = torch.tensor(sorted({0, 1, length // 2, length - 1}), dtype=torch.int64)
-            ref, got = hf.rotation(config, positions), reader_for(target, written, None, n)(positions, length)
-            excess = torch.maximum((ref.cos - got.cos).abs(), (ref.sin - got.sin).abs())
-            if bool((excess > tolerance(positions)[:, None]).any()):
-                gap = max(gap, float(excess.max()))
+        for length in probe_lengths(spec.original_max_position_embeddings, n):
+            positions = probe_positions(length)
+            ref = hf.rotation(config, positions)
+            gap = max(gap, rotation_gap(ref.cos, ref.sin, reader_for(target, written, None, n)(positions, length),
+                                        positions))
         plan = TargetPlan(target, EXACT, "no patch: the model's own rotation (as transformers reads its config), "
                           f"restated for {target}", config=changes, max_length=served, difference=gap)
         if gap == 0.0:
