@@ -153,6 +153,31 @@ def test_a_larger_max_steps_continues_a_complete_run_to_the_weights_of_a_longer_
         finetune(_config(checkpoint, tmp_path / "none", max_steps=3, save_every=0))
 
 
+def test_merge_with_a_target_writes_the_engine_s_folder_of_the_trained_model(checkpoint, tmp_path, capsys):
+    """``rope-ext merge FT OUT --target vllm``: the adapter merged and vLLM's keys written in one go; plain
+    transformers loads OUT as the adapter-applied model. A plain merge of a patch that plain transformers cannot serve
+    (yarn+dca) says so."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    finetune(_config(checkpoint, tmp_path / "run", max_steps=3))
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "run"), str(tmp_path / "served"), "--target", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("vllm: exact:") and f"vllm serve {tmp_path / 'served'} --max-model-len 256" in out
+    assert json.loads((tmp_path / "served" / "export.json").read_text())["target"] == "vllm"
+    ids = _ids()
+    with torch.no_grad():
+        adapter = PeftModel.from_pretrained(load_finetune_base(tmp_path / "run"), str(tmp_path / "run")).eval()
+        plain = AutoModelForCausalLM.from_pretrained(tmp_path / "served").eval()
+        torch.testing.assert_close(plain(input_ids=ids).logits, adapter(input_ids=ids).logits, rtol=0, atol=2e-5)
+    finetune(_config(checkpoint, tmp_path / "both", methods="yarn:factor=4+dca", max_steps=1))
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "both"), str(tmp_path / "merged")]) == 0
+    assert "note: plain transformers loads it unextended (yarn+dca: plain transformers has no such attention" in \
+        capsys.readouterr().out
+
+
 def test_merge_equals_the_adapter_applied_model_and_saves_native_rope_parameters(checkpoint, tmp_path):
     from peft import PeftModel
 

@@ -11,14 +11,19 @@ from rope_ext.serving.export import export
 def cmd_export(args: argparse.Namespace) -> int:
     record = export(args.model, args.out, args.target, methods=args.methods, max_length=args.max_length,
                     layout=args.layout, allow_approximate=args.allow_approximate, overwrite=args.overwrite)
+    print_export(record, args.out)
+    return 0
+
+
+def print_export(record: dict, out: str) -> None:
+    """What an export wrote: its plan, what the other engines make of it, the serving commands."""
     plan = record["plan"]
-    print(f"{args.target}: {plan['status']}: {plan['reason']}")
+    print(f"{record['target']}: {plan['status']}: {plan['reason']}")
     for line in record["other_engines"]:
         print(f"warning: {line}")
-    print(f"written to {args.out}/ (export.json says what and how); serve it with:")
+    print(f"written to {out}/ (export.json says what and how); serve it with:")
     for line in record["commands"]:
         print(f"  {line}")
-    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -54,12 +54,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    if args.target:  # (merged and exported in one go)
-        from rope_ext.cli.serving import cmd_export
+    if args.target:  # (merged and exported in one go: the export of the fine-tune folder)
+        from rope_ext.cli.serving import print_export
+        from rope_ext.serving.export import export
 
-        return cmd_export(argparse.Namespace(
-            model=args.folder, out=args.out, target=args.target, methods=None, max_length=None, layout="rope_parameters",
-            allow_approximate=False, overwrite=args.overwrite))
+        print_export(export(args.folder, args.out, args.target, overwrite=args.overwrite), args.out)
+        return 0
     path = merge(args.folder, args.out, overwrite=args.overwrite)
     print(f"merged model written to {path}/ (load it with rope_ext.from_pretrained)")
     gap = plain_transformers_gap(path)
