@@ -425,3 +425,21 @@ def test_more_bad_values_are_refused_with_their_reason(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "rope_parameters": "x"}))
     with pytest.raises(ValueError, match="rope_parameters must be an object"):
         diagnose(str(tmp_path / "config.json"))
+
+
+def test_the_rotation_check_flags_a_thousandth_of_magnitude_and_a_long_position_s_drift_but_not_float32():
+    """tolerance is float32 rounding (2e-6 + 4e-7 p): an attention factor 0.1% off is caught at position 0, a frequency
+    1e-5 off (0.33 rad at 32,767) at the far end, while the same rotation computed in float32 passes."""
+    from rope_ext.serving.plan import rotation_gap
+    from rope_ext.serving.rotation import Rotation
+
+    positions = torch.tensor([0, 1, 16384, 32767])
+    inv_freq = torch.tensor([1.0, 0.3, 0.01, 1e-4], dtype=torch.float64)  # (0.3 x 32,767: float32 errs ~5e-4)
+    angles = positions.double()[:, None] * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    single = (positions.float()[:, None] * inv_freq.float()).double()
+    assert rotation_gap(cos, sin, Rotation(single.cos(), single.sin()), positions) == 0.0
+    assert rotation_gap(cos, sin, Rotation(cos * 1.001, sin * 1.001), positions) == pytest.approx(0.001, rel=1e-6)
+    drifted = positions.double()[:, None] * inv_freq * (1 + 1e-5)
+    assert rotation_gap(cos, sin, Rotation(drifted.cos(), drifted.sin()), positions) > 0.3
+    assert rotation_gap(cos, sin, Rotation(cos[:, :3], sin[:, :3]), positions) == math.inf
