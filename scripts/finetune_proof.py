@@ -3,8 +3,15 @@ evaluated on texts held out from every choice, with intervals over target window
 
     python scripts/finetune_proof.py --out results/finetune_mix            # every stage, in order; re-run resumes
     python scripts/finetune_proof.py --out results/finetune_mix --list     # the stages and which are done
-    python scripts/finetune_proof.py --out results/finetune_mix --only ppl_seed0,short_seed0
+    python scripts/finetune_proof.py --out results/finetune_mix --only ppl_seed0,short_seed0   # those, if not done
+    python scripts/finetune_proof.py --out results/finetune_mix --only ppl_seed0 --redo      # again, done or not
     python scripts/finetune_proof.py --out results/finetune_mix --report   # report.md / report.json of what is done
+    python scripts/finetune_proof.py --out DIR --device cuda --parallel    # on a GPU: each model's stages at once
+
+With ``--parallel`` the stages of each model (the base model; each seed; the baseline) run as one chain, the chains at
+once (what a GPU affords), each stage's output in ``<stage>.log``; without it, every stage in order, the output here.
+``--device`` is each evaluation's (``rope-ext eval --device``; training takes accelerate's device), ``--dtype
+bfloat16`` evaluates in bf16 and trains in bf16 mixed precision (a protocol of its own: another ``--out``).
 
 Each stage is one rope-ext command (its folder under --out resumes where it stopped); a stage is done when its command
 has exited 0 once (``<stage>.done``). ``protocol.json`` (written first) records what each text is for: ``train`` (the
@@ -16,6 +23,7 @@ stages are ordered so that a first seed's full comparison comes before the other
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import glob
 import json
 import math
@@ -36,7 +44,7 @@ SHORT = ["--lengths", "1k,2k,4k", "--target-end", "4k", "--target-tokens", "512"
 RETRIEVAL = ["--lengths", "16k,32k", "--depths", "0.1,0.5,0.9", "--trials", "10"]
 
 
-def stages(out: str) -> list[tuple[str, list[str]]]:
+def stages(out: str, device: str = "cpu", dtype: str = "float32") -> list[tuple[str, list[str]]]:
     corpus = os.path.join(out, "corpus")
     train = [path for name in TRAIN_TEXTS for path in sorted(glob.glob(os.path.join(corpus, name, "*")))]
     report = [path for name in REPORT_TEXTS for path in sorted(glob.glob(os.path.join(corpus, name, "*")))]
@@ -60,21 +68,33 @@ def stages(out: str) -> list[tuple[str, list[str]]]:
         ("train_lora_none", ["rope-ext", "finetune", "--config", RECIPE, "--text-files", *train, "--exclude", *CHOOSE,
                              "--methods", "none", "--pose", "false", "--sequence-length", "4k", "--target-length",
                              "4k", "--save-every", "5", "--out", baseline]),
-        ("ppl_lora_none", [*ppl, "--model", baseline, "--methods", "saved", *LONG[:1], "8k", *LONG[2:]]),
-        ("short_lora_none", [*ppl, "--model", baseline, "--methods", "saved", *SHORT]),
+        ("ppl_lora_none", [*ppl, "--model", baseline, "--methods", "none", *LONG[:1], "8k", *LONG[2:]]),
+        ("short_lora_none", [*ppl, "--model", baseline, "--methods", "none", *SHORT]),
         ("passkey_untrained", ["rope-ext", "eval", "passkey", "--model", "default", "--methods", METHOD, *RETRIEVAL]),
     ]
     plan += [(f"passkey_seed{seed}", ["rope-ext", "eval", "passkey", "--model", os.path.join(out, f"seed{seed}"),
                                       "--methods", "saved", *RETRIEVAL]) for seed in SEEDS]
     plan.append(("passkey_native", ["rope-ext", "eval", "passkey", "--model", "default", "--methods", f"none,{METHOD}",
                                     "--lengths", "8k", "--depths", "0.1,0.5,0.9", "--trials", "10"]))
-    return [(name, command + (["--out", os.path.join(out, name)] if command[1] == "eval" else []))
+    evaluation = ["--device", device, "--dtype", dtype]
+    training = ["--mixed-precision", "bf16"] if dtype == "bfloat16" else []
+    return [(name, command + (["--out", os.path.join(out, name), *evaluation] if command[1] == "eval" else
+                              training if command[1] == "finetune" else []))
             for name, command in plan]
 
 
-def protocol() -> dict:
+def chain(name: str) -> str:
+    """The chain a stage runs in: a seed's stages after its training, the baseline's after its own; the base model's
+    stages need nothing but the corpus, each its own chain."""
+    for key in [f"seed{seed}" for seed in SEEDS] + ["lora_none"]:
+        if name.endswith(key):
+            return key
+    return name
+
+
+def protocol(dtype: str = "float32") -> dict:
     return {
-        "recipe": RECIPE, "method": METHOD, "seeds": list(SEEDS),
+        "recipe": RECIPE, "method": METHOD, "seeds": list(SEEDS), **({"dtype": dtype} if dtype != "float32" else {}),
         "train": {"texts": list(TRAIN_TEXTS), "excluded": list(CHOOSE)},
         "choose": {"kjv": list(CHOOSE), "why": "earlier recipes (docs/results/finetune) were picked on these books"},
         "report": {"texts": list(REPORT_TEXTS), "why": "no configuration was chosen on them; claims quote only these"},
@@ -92,9 +112,11 @@ RETRIEVAL_ROWS = {"yarn:factor=4, untrained": "passkey_untrained",
                   **{f"seed {seed}": f"passkey_seed{seed}" for seed in SEEDS}, "native 8k": "passkey_native"}
 
 
-def records(out: str, stage: str, kind: str) -> list[dict]:
+def records(out: str, stage: str, kind: str, partial: bool = False) -> list[dict]:
+    """A stage's records: of a finished stage, or with ``partial`` also of one stopped before its end (retrieval's
+    cells are whole trials each: a stopped stage's cells are reported with the trials they have)."""
     path = os.path.join(out, stage, f"{kind}_records.jsonl")
-    if not os.path.exists(os.path.join(out, f"{stage}.done")) or not os.path.exists(path):
+    if not (partial or os.path.exists(os.path.join(out, f"{stage}.done"))) or not os.path.exists(path):
         return []
     with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -128,6 +150,12 @@ def report(out: str) -> dict:
         rows = records(out, stage, "ppl")
         long[name] = {str(length): paired([r for r in rows if r["length"] == length], base)
                       for length in sorted({r["length"] for r in rows})}
+    lora = [r for r in records(out, "ppl_lora_none", "ppl") if r["length"] == 8192]
+    against_lora = {}  # (the recipe against a fine-tune on the same data with no extension: what the data alone buys)
+    for seed in SEEDS:
+        rows = records(out, f"ppl_seed{seed}", "ppl")
+        against_lora[f"seed {seed}"] = {str(length): paired([r for r in rows if r["length"] == length], lora)
+                                        for length in sorted({r["length"] for r in rows})}
     short = {}
     for name, stage in SHORT_ROWS.items():
         rows = records(out, stage, "ppl")
@@ -140,73 +168,148 @@ def report(out: str) -> dict:
     retrieval = {}
     for name, stage in RETRIEVAL_ROWS.items():
         cells: dict[str, list[bool]] = {}
-        for r in records(out, stage, "passkey"):
+        for r in records(out, stage, "passkey", partial=True):
             cells.setdefault(f"{r['method']} {r['length']} {r['depth']}", []).append(bool(r["correct"]))
-        retrieval[name] = {cell: {"correct": sum(hits), "trials": len(hits), "interval": wilson(sum(hits), len(hits))}
+        retrieval[name] = {cell: {"correct": sum(hits), "trials": len(hits), "interval": wilson(sum(hits), len(hits)),
+                                  "stage_finished": os.path.exists(os.path.join(out, f"{stage}.done"))}
                            for cell, hits in cells.items()}
-    result = {"protocol": protocol(), "long": long, "short": short, "retrieval": retrieval}
+    with open(os.path.join(out, "protocol.json")) as handle:
+        used = json.load(handle)
+    result = {"protocol": used, "long": long, "against_lora_8k": against_lora, "short": short, "retrieval": retrieval}
     with open(os.path.join(out, "report.json"), "w") as handle:
         json.dump(result, handle, indent=1)
-    lines = ["| model | context | perplexity (95%) | x unpatched 8k (95%, paired) | windows |", "|---|---:|---:|---:|---:|"]
+    lines = ["| model | context | perplexity (95%) | x unpatched 8k (95%, paired) | windows |",
+             "|---|---:|---:|---:|---:|"]
     for name, cells in long.items():
         for length, cell in cells.items():
             if cell:
-                lines.append(f"| {name} | {int(length) // 1024}k | {cell['ppl']:.2f} ({cell['low']:.2f}-{cell['high']:.2f}) "
-                             f"| {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-{cell['ratio_high']:.3f}) | {cell['windows']} |")
+                lines.append(f"| {name} | {int(length) // 1024}k | {cell['ppl']:.2f} ({cell['low']:.2f}-"
+                             f"{cell['high']:.2f}) | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
+                             f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
+    lines += ["", "| model | context | x plain LoRA (none) at 8k, same data (95%, paired) | windows |",
+              "|---|---:|---:|---:|"]
+    for name, cells in against_lora.items():
+        for length, cell in cells.items():
+            if cell:
+                lines.append(f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
+                             f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
     lines += ["", "| model | context | x unpatched at that context (95%, paired) | windows |", "|---|---:|---:|---:|"]
     for name, cells in short.items():
         for length, cell in cells.items():
             if cell:
                 lines.append(f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
                              f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
+    lines += ["", "| model | method | context | key at depth | found (95% Wilson) |", "|---|---|---:|---:|---:|"]
+    for name, cells in retrieval.items():
+        for cell, hits in cells.items():
+            method, length, depth = cell.rsplit(" ", 2)
+            low, high = hits["interval"]
+            stopped = "" if hits["stage_finished"] else " (stage stopped before its end)"
+            lines.append(f"| {name}{stopped} | {method} | {int(length) // 1024}k | {depth} | {hits['correct']}/"
+                         f"{hits['trials']} ({low:.2f}-{high:.2f}) |")
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result
 
 
+def agreement(out: str, other: str) -> dict:
+    """Every perplexity stage finished in both folders (another device's run of the same protocol): the largest
+    relative difference of a window's mean NLL, written to ``agreement.json`` in ``out``."""
+    result = {"other": other, "stages": {}}
+    for stage in sorted({*ROWS.values(), *SHORT_ROWS.values()}):
+        mine, theirs = ({(r["method"], r["document"], r["length"], r["start"]): r["mean_nll"]
+                         for r in records(folder, stage, "ppl")} for folder in (out, other))
+        shared = sorted(set(mine) & set(theirs))
+        if shared:
+            result["stages"][stage] = {"windows": len(shared), "max_relative_difference": max(
+                abs(mine[key] - theirs[key]) / abs(theirs[key]) for key in shared)}
+    with open(os.path.join(out, "agreement.json"), "w") as handle:
+        json.dump(result, handle, indent=1)
+    return result
+
+
+def run_stage(out: str, name: str, command: list[str], log: str | None) -> int:
+    """One stage's command (``rope-ext ...`` run as ``python -m rope_ext.cli``), ``<stage>.done`` once it exits 0."""
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {shlex.join(command)[:300]}", flush=True)
+    start = time.time()
+    argv = [sys.executable, "-m", "rope_ext.cli", *command[1:]]
+    if log:
+        with open(log, "a") as handle:
+            status = subprocess.call(argv, stdout=handle, stderr=subprocess.STDOUT)
+    else:
+        status = subprocess.call(argv)
+    seconds = round(time.time() - start)
+    print(f"[{time.strftime('%H:%M:%S')}] {name} exited {status} after {seconds} s", flush=True)
+    if status == 0:
+        with open(os.path.join(out, f"{name}.done"), "w") as handle:
+            json.dump({"seconds": seconds, "command": command}, handle)
+    return status
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/finetune_mix")
-    parser.add_argument("--only", help="comma-separated stages (default: every one not done, in order)")
+    parser.add_argument("--only", help="comma-separated stages, those not done (default: every stage not done)")
+    parser.add_argument("--redo", action="store_true", help="run the --only stages again, done or not")
     parser.add_argument("--list", action="store_true", help="list the stages and which are done")
     parser.add_argument("--report", action="store_true", help="write report.md and report.json from the stages done")
+    parser.add_argument("--device", default="cpu", help="each evaluation's --device (default: cpu)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="float32, or bfloat16: evaluations in bf16, training in bf16 mixed precision")
+    parser.add_argument("--parallel", action="store_true", help="each model's chain of stages at once (a GPU)")
+    parser.add_argument("--compare", metavar="OTHER", help="agreement.json: each perplexity stage done here and in "
+                        "OTHER (the same protocol on another device), the largest relative difference of a window")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "protocol.json")
     if os.path.exists(path):
         with open(path) as handle:
-            if json.load(handle) != protocol():
+            if json.load(handle) != protocol(args.dtype):
                 sys.exit(f"{path} records another protocol: give another --out")
     with open(path, "w") as handle:
-        json.dump(protocol(), handle, indent=1)
+        json.dump(protocol(args.dtype), handle, indent=1)
+    if args.compare:
+        print(json.dumps(agreement(args.out, args.compare), indent=1))
+        return 0
     if args.report:
         report(args.out)
         return 0
-    plan = stages(args.out)
-    names = [name for name, _ in plan]
+    names = [name for name, _ in stages(args.out)]
     chosen = args.only.split(",") if args.only else names
     unknown = [name for name in chosen if name not in names]
     if unknown:
         sys.exit(f"--only: unknown stage {unknown[0]!r}; stages: {', '.join(names)}")
-    bin_dir = os.path.dirname(sys.executable)
-    for name, command in plan:
-        done = os.path.join(args.out, f"{name}.done")
-        if args.list:
-            print(f"{'done' if os.path.exists(done) else '    '}  {name}")
-            continue
-        if name not in chosen or os.path.exists(done) and not args.only:
-            continue
-        command = dict(stages(args.out))[name]  # (again: the file lists need the corpus written)
-        print(f"[{time.strftime('%H:%M:%S')}] {name}: {shlex.join(command)[:300]}", flush=True)
-        start = time.time()
-        status = subprocess.call([os.path.join(bin_dir, command[0]), *command[1:]])
-        if status != 0:
-            print(f"{name} exited {status}", flush=True)
-            return status
-        with open(done, "w") as handle:
-            json.dump({"seconds": round(time.time() - start), "command": command}, handle)
-    return 0
+    if args.redo and not args.only:
+        sys.exit("--redo runs the --only stages again: name them")
+    if args.list:
+        for name in names:
+            print(f"{'done' if os.path.exists(os.path.join(args.out, f'{name}.done')) else '    '}  {name}")
+        return 0
+    todo = [name for name in names if name in chosen
+            and (args.redo or not os.path.exists(os.path.join(args.out, f"{name}.done")))]
+
+    def run_chain(chain_names: list[str]) -> int:
+        for name in chain_names:
+            command = dict(stages(args.out, args.device, args.dtype))[name]  # (now: the file lists need the corpus)
+            log = os.path.join(args.out, f"{name}.log") if args.parallel else None
+            status = run_stage(args.out, name, command, log)
+            if status != 0:
+                return status
+        return 0
+
+    if "corpus" in todo:  # (every other stage reads it)
+        todo.remove("corpus")
+        if run_chain(["corpus"]):
+            return 1
+    if not args.parallel:
+        return run_chain(todo)
+    chains: dict[str, list[str]] = {}
+    for name in todo:
+        chains.setdefault(chain(name), []).append(name)
+    with concurrent.futures.ThreadPoolExecutor(len(chains) or 1) as pool:
+        statuses = list(pool.map(run_chain, chains.values()))
+    return max(statuses, default=0)
 
 
 if __name__ == "__main__":
