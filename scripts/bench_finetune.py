@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -94,8 +95,9 @@ def _step(wrapped, optimizer, batch) -> float:
     return time.perf_counter() - began
 
 
-def measure_memory(spec: str, s2: bool, window: int, target: int, checkpointing: bool) -> dict[str, float]:
-    """(Run in its own process.) Resident memory before the first step and the peak over two steps."""
+def measure_memory(spec: str, s2: bool, window: int, target: int, checkpointing: bool) -> dict[str, Any]:
+    """(Run in its own process.) Resident memory before the first step and the peak over two steps, with the settings
+    that decide it (S2-Attn, gradient checkpointing) in the record."""
     from rope_ext.runs.models import load_default_model
 
     model, _ = load_default_model()
@@ -104,7 +106,8 @@ def measure_memory(spec: str, s2: bool, window: int, target: int, checkpointing:
     before = _rss_mb()
     _reset_peak()
     seconds = [_step(wrapped, optimizer, batch) for _ in range(2)]
-    return {"rss_before_mb": before, "peak_mb": _peak_mb(), "added_mb": _peak_mb() - before, "seconds": seconds}
+    return {"rss_before_mb": before, "peak_mb": _peak_mb(), "added_mb": _peak_mb() - before, "seconds": seconds,
+            "s2_attn": s2, "gradient_checkpointing": checkpointing}
 
 
 def main() -> int:

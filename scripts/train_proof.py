@@ -82,11 +82,16 @@ def main() -> None:
     parser.add_argument("--lengths", default="256,512,1k,2k,4k")
     parser.add_argument("--target-tokens", default="128")
     parser.add_argument("--threads", default="0")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="only OUT's table, intervals and plot again, from the folders already in OUT")
     args = parser.parse_args()
     names = [name.strip() for name in args.models.split(",")]
     unknown = [name for name in names if name not in MODELS]
     if unknown:
         parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if args.tables_only:
+        collect(Path(args.out), Path(args.out), names)
+        return
     runs, out = Path(args.runs), Path(args.out)
     texts = runs / "texts"
     texts.mkdir(parents=True, exist_ok=True)
@@ -132,34 +137,65 @@ def pieces(text: str, size: int) -> list[str]:
     return out
 
 
+def summary_rows(folder: Path) -> list[dict]:
+    """A model's evaluation summarized from its records: per method and length the perplexity with its 95% bootstrap
+    interval over the documents (``low``, ``high``), and its ratio to the same method at the shortest length it was
+    scored at, paired per document (``ratio_to_first``, ``ratio_low``, ``ratio_high``): how much the longer context
+    costs or gains on the same targets."""
+    import dataclasses
+
+    from rope_ext.eval.intervals import bootstrap, ppl_ratio
+    from rope_ext.eval.perplexity import PerplexityRecord, summarize
+    from rope_ext.runs.results import read_records
+
+    fields = {field.name for field in dataclasses.fields(PerplexityRecord)}
+    found, _ = read_records(folder / "ppl" / "ppl_records.jsonl")
+    records = [PerplexityRecord(**{key: value for key, value in r.items() if key in fields}) for r in found]
+    rows = summarize(records)
+    for row in rows:
+        mine = {r.document: r for r in records if r.method == row["method"] and r.length == row["length"]}
+        first = min(r.length for r in records if r.method == row["method"])
+        theirs = {r.document: r for r in records if r.method == row["method"] and r.length == first}
+        units = [(mine[d].mean_nll * mine[d].tokens_scored, theirs[d].mean_nll * theirs[d].tokens_scored,
+                  mine[d].tokens_scored) for d in mine if d in theirs]
+        tokens = sum(u[2] for u in units)
+        low, high = bootstrap(units, ppl_ratio)
+        row |= {"first_length": first, "ratio_to_first": math.exp((sum(u[0] for u in units) - sum(u[1] for u in units))
+                                                                  / tokens), "ratio_low": low, "ratio_high": high}
+    return rows
+
+
 def collect(runs: Path, out: Path, names: list[str]) -> None:
-    """The models' summaries in one table and one plot, and what each folder shows besides its weights."""
+    """The models' summaries in one table and one plot, and what each folder shows besides its weights (with
+    ``runs`` = ``out``: the tables again from the folders already there)."""
     from rope_ext.eval.plot import perplexity_figure
 
     rows, protocols = [], {}
     for name in names:
         folder = runs / name
         target = out / name
-        shutil.rmtree(target, ignore_errors=True)
-        (target / "ppl").mkdir(parents=True)
-        for file in FILES:
-            if (folder / file).exists():
-                shutil.copy2(folder / file, target / file)
-        for file in (folder / "ppl").iterdir():
-            if file.is_file():
-                shutil.copy2(file, target / "ppl" / file.name)
+        if folder.resolve() != target.resolve():
+            shutil.rmtree(target, ignore_errors=True)
+            (target / "ppl").mkdir(parents=True)
+            for file in FILES:
+                if (folder / file).exists():
+                    shutil.copy2(folder / file, target / file)
+            for file in (folder / "ppl").iterdir():
+                if file.is_file():
+                    shutil.copy2(file, target / "ppl" / file.name)
         results = json.loads((folder / "ppl" / "ppl.json").read_text())
-        summary = results["summary"]
         protocols[name] = results.get("run", {}).get("protocol", "fixed")
         trained = json.loads((folder / "train.json").read_text())
         native = trained["window"]
-        for row in summary:
+        for row in summary_rows(folder):
             method = row["method"]
             label = f"{name}: {trained['methods'] if method == 'saved' else method}"
             rows.append({"model": name, "protocol": protocols[name], "method": method, "label": label,
-                         "length": row["length"],
+                         "length": row["length"], "documents": row["documents"],
                          "tokens_scored": row["tokens_scored"], "perplexity": row["perplexity"],
-                         "mean_nll": row["mean_nll"]})
+                         "low": row["low"], "high": row["high"], "mean_nll": row["mean_nll"],
+                         "first_length": row["first_length"], "ratio_to_first": row["ratio_to_first"],
+                         "ratio_low": row["ratio_low"], "ratio_high": row["ratio_high"]})
     (out / "ppl.json").write_text(json.dumps({"native_context": native, "rows": rows}, indent=1) + "\n")
     with open(out / "ppl.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -173,8 +209,11 @@ def collect(runs: Path, out: Path, names: list[str]) -> None:
     print("\n| model: method | " + " | ".join(map(str, lengths)) + " |")
     print("|---|" + "---:|" * len(lengths))
     for label in dict.fromkeys(row["label"] for row in rows):
-        values = {row["length"]: row["perplexity"] for row in rows if row["label"] == label}
-        cells = [("inf" if math.isinf(values[n]) else f"{values[n]:.1f}") if n in values else "" for n in lengths]
+        values = {row["length"]: row for row in rows if row["label"] == label}
+        cells = [("inf" if math.isinf(values[n]["perplexity"]) else f"{values[n]['perplexity']:.1f} "
+                  f"({values[n]['low']:.1f}-{values[n]['high']:.1f}), x{values[n]['ratio_to_first']:.3f} "
+                  f"({values[n]['ratio_low']:.3f}-{values[n]['ratio_high']:.3f})") if n in values else ""
+                 for n in lengths]
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
