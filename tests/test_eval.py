@@ -295,6 +295,23 @@ def test_passkey_trial_runs_on_a_tiny_model():
     assert record.config == []
 
 
+def test_a_passkey_trials_prompt_and_answer_read_exactly_its_length():
+    """A trial of length L reads L positions, its answer's included (an L-token prompt would take the answer past
+    L: past what a patch was made for, at the length the table reports)."""
+    model = tiny_model("llama")
+    read: list[int] = []
+
+    def last_position(module, args, kwargs):  # (the rotary module: every position the model reads)
+        read.append(int(kwargs.get("position_ids", args[-1]).max()))
+
+    handle = model.model.rotary_emb.register_forward_pre_hook(last_position, with_kwargs=True)
+    try:
+        passkey_trial(model, _CharTokenizer(), 300, 0.5, 0, method="none")
+    finally:
+        handle.remove()
+    assert max(read) == 300 - 1
+
+
 class _AnsweringModel(torch.nn.Module):
     """Answers every prompt with ``answer`` (as token ids that ``_CharTokenizer.decode`` turns back into it)."""
 
@@ -313,7 +330,7 @@ def test_passkey_trial_scores_the_answer_against_the_hidden_key():
     key = trial_key(0, 300, 0.5, 0)
     model = _AnsweringModel(f" {key}. Remember it.")
     right = passkey_trial(model, _CharTokenizer(), 300, 0.5, 0, seed=0)
-    assert model.prompt_lengths == [300]
+    assert model.prompt_lengths == [300 - 7]  # (the answer's 7 positions within the 300)
     assert (right.key, right.answer, right.correct) == (key, f" {key}. Remember it.", True)
     other = str((int(key) - 10_000 + 1) % 90_000 + 10_000)  # another 5-digit number
     wrong = passkey_trial(_AnsweringModel(f" {other}. Remember it."), _CharTokenizer(), 300, 0.5, 0, seed=0)
@@ -472,12 +489,12 @@ def test_a_learned_table_is_evaluated_at_its_own_lengths_beside_methods_that_rea
             "methods for it: abs_hierarchical,") in capsys.readouterr().out
     rows = json.loads((tmp_path / "default" / "ppl.json").read_text())["summary"]
     assert {r["method"] for r in rows} == {"none"}
-    assert main(["eval", "passkey", *common, "--lengths", "57,58,120", "--depths", "0.5", "--trials", "1",
+    assert main(["eval", "passkey", *common, "--lengths", "61,64,65,120", "--depths", "0.5", "--trials", "1",
                  "--methods", "none,alibi"]) == 0
-    assert ("lengths 58, 120 are left out for it (with the 7 positions of the answer)"  # (57 + 7 = 64 rows)
-            in capsys.readouterr().out)
-    rows = json.loads((run / "passkey.json").read_text())["summary"]
-    assert {(r["method"], r["length"]) for r in rows} == {("none", 57), *(("alibi", L) for L in (57, 58, 120))}
+    assert "lengths 65, 120 are left out for it (read it" in capsys.readouterr().out  # (the answer within L: 64 reads
+    rows = json.loads((run / "passkey.json").read_text())["summary"]  # 64 rows)
+    assert {(r["method"], r["length"]) for r in rows} == {("none", 61), ("none", 64),
+                                                         *(("alibi", L) for L in (61, 64, 65, 120))}
 
 
 def test_cli_bad_input(tmp_path, tiny_checkpoint, capsys):
@@ -488,6 +505,23 @@ def test_cli_bad_input(tmp_path, tiny_checkpoint, capsys):
     assert "malformed method option 'factor' in 'yarn:factor'" in capsys.readouterr().err
     assert main(["eval", "ppl", "--lengths", "4x", "--out", str(tmp_path)]) == 2
     assert "malformed length '4x'" in capsys.readouterr().err
+
+
+def test_a_passkey_folder_of_the_earlier_protocol_is_not_resumed(tmp_path, tiny_checkpoint, capsys):
+    """Its prompts were L tokens with the answer past L: other trials than this run's, refused (or --overwrite)."""
+    checkpoint, _ = tiny_checkpoint
+    args = ["eval", "passkey", "--model", str(checkpoint), "--methods", "none", "--lengths", "64", "--depths", "0.5",
+            "--trials", "1", "--no-plot", "--out", str(tmp_path)]
+    assert main(args) == 0
+    run = tmp_path / "passkey_run.json"
+    config = json.loads(run.read_text())
+    assert config["answer_within_length"] is True
+    del config["answer_within_length"]
+    run.write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "answer_within_length" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
 
 
 def test_cli_passkey_and_plot(tmp_path, tiny_checkpoint, capsys):

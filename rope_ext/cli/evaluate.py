@@ -192,16 +192,18 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
     store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     model, tokenizer, native = load_for_evaluation(args)
     fitting_defaults(model, args)
-    overhead = prompt_overhead(tokenizer)
+    overhead = prompt_overhead(tokenizer) + ANSWER_POSITIONS
     if args.lengths[0] < overhead:
         raise ValueError(
             f"--lengths: length {args.lengths[0]} is too short for the passkey prompt ({overhead} tokens before "
-            "any filler)"
+            f"any filler, the answer's {ANSWER_POSITIONS} included)"
         )
-    limits = check_methods(model, args.methods, site_options, args.lengths, extra=ANSWER_POSITIONS)
-    for line in left_out(limits, args.methods, args.lengths, extra=ANSWER_POSITIONS):
+    limits = check_methods(model, args.methods, site_options, args.lengths)
+    for line in left_out(limits, args.methods, args.lengths):
         print(line)
-    run_config = common_run_config(args, native) | {"kind": "passkey", "seed": args.seed}
+    # ("answer_within_length": a trial's prompt and answer read L positions; folders of the earlier protocol, an
+    # L-token prompt with its answer past L, are not resumed into)
+    run_config = common_run_config(args, native) | {"kind": "passkey", "seed": args.seed, "answer_within_length": True}
     store.configure(run_config, may_change=("model_name",), normalise=normalised)
     summary = run_passkey(
         model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,

@@ -78,7 +78,8 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str) -> torch
 
 #: tokens generated for an answer; all but the last are read back, at the positions after the prompt
 ANSWER_TOKENS = 8
-#: positions an answer takes beyond its prompt
+#: positions an answer takes after its prompt: a trial of length L has a prompt this much shorter, so that prompt and
+#: answer read L positions (the length reported), never more
 ANSWER_POSITIONS = ANSWER_TOKENS - 1
 
 
@@ -107,7 +108,7 @@ def passkey_trial(
 ) -> PasskeyRecord:
     key = trial_key(seed, length, depth, trial)
     began = time.perf_counter()
-    prompt = passkey_prompt(tokenizer, length, depth, key)
+    prompt = passkey_prompt(tokenizer, length - ANSWER_POSITIONS, depth, key)
     answer, reused = greedy_answer(model, tokenizer, prompt, ANSWER_TOKENS, prefix)
     return PasskeyRecord(
         method=method,

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from rope_ext.eval.data import Document
 from rope_ext.eval.objectives import FIXED_TARGET_PROTOCOLS
-from rope_ext.eval.passkey import ANSWER_POSITIONS, PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
+from rope_ext.eval.passkey import PasskeyRecord, passkey_key, passkey_trial, summarize_passkey
 from rope_ext.eval.prefix import PrefixCache
 from rope_ext.eval.perplexity import PerplexityRecord, evaluate_document, record_key, summarize, target_spans
 from rope_ext.families.limits import position_limit
@@ -27,25 +27,24 @@ Methods = dict[str, list[MethodConfig]]  # spec as given -> its configs
 
 def check_methods(
     model: nn.Module, methods: Methods, site_options: dict[str, Any] | None = None,
-    lengths: list[int] | None = None, extra: int = 0,
+    lengths: list[int] | None = None,
 ) -> dict[str, int]:
     """Patch and unpatch once with every method, so one the model cannot take fails before any work. With
-    ``lengths`` (each read at ``extra`` positions more: a passkey's answer): the methods that leave the model's
-    positions short of the longest (a learned table), each with the positions it reaches (``{spec: limit}``: the
-    run leaves out the lengths past it); one that reaches none of the lengths is refused."""
+    ``lengths`` (the positions a trial reads, its answer included): the methods that leave the model's positions
+    short of the longest (a learned table), each with the positions it reaches (``{spec: limit}``: the run leaves out
+    the lengths past it); one that reaches none of the lengths is refused."""
     short: dict[str, int] = {}
     for spec, configs in methods.items():
         try:
             limit = with_method(model, configs, lambda: position_limit(model), site_options)
         except (ValueError, TypeError, RuntimeError) as error:
             raise ValueError(f"method {spec!r} cannot patch this model: {error}") from None
-        if not lengths or limit is None or max(lengths) + extra <= limit:
+        if not lengths or limit is None or max(lengths) <= limit:
             continue
-        if min(lengths) + extra > limit:
-            plus = f" (and {extra} positions of the answer)" if extra else ""
+        if min(lengths) > limit:
             raise ValueError(
                 f"method {spec!r}: this model's learned position table reaches {limit} positions, and the shortest "
-                f"length asked is {min(lengths)}{plus}; {_further(configs)}, or replace it with a bias (alibi, kerple, "
+                f"length asked is {min(lengths)}; {_further(configs)}, or replace it with a bias (alibi, kerple, "
                 f"sandwich, fire), or leave {spec!r} out of --methods, or evaluate shorter lengths"
             )
         short[spec] = limit
@@ -57,15 +56,14 @@ def _further(configs: list[MethodConfig]) -> str:
             else "read it further with abs_interp, abs_hierarchical or sinusoidal")
 
 
-def left_out(short: dict[str, int], methods: Methods, lengths: list[int], extra: int = 0) -> list[str]:
+def left_out(short: dict[str, int], methods: Methods, lengths: list[int]) -> list[str]:
     """One line per method whose learned table stops short of some lengths: the lengths the run leaves out."""
-    plus = f" (with the {extra} positions of the answer)" if extra else ""
     lines = []
     for spec, limit in short.items():
-        out = [str(L) for L in sorted(lengths) if L + extra > limit]
+        out = [str(L) for L in sorted(lengths) if L > limit]
         which = f"length {out[0]} is" if len(out) == 1 else f"lengths {', '.join(out)} are"
         lines.append(f"method {spec!r}: this model's learned position table reaches {limit} positions; {which} left "
-                     f"out for it{plus} ({_further(methods[spec])} to evaluate {'it' if len(out) == 1 else 'them'})")
+                     f"out for it ({_further(methods[spec])} to evaluate {'it' if len(out) == 1 else 'them'})")
     return lines
 
 
@@ -253,12 +251,12 @@ def run_passkey(
     limits: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Passkey accuracy over the length x depth grid, ``trials`` keys per cell, for every method (``limits``: a
-    method's lengths past its learned table, the answer's positions included, are left out)."""
+    method's lengths past its learned table are left out)."""
     previous = _records_as(PasskeyRecord, store, store.records())
     done = {passkey_key(r.method, r.length, r.depth, r.trial) for r in previous}
     limits = limits or {}
     grid = [(L, d, t) for L in lengths for d in depths for t in range(trials)]
-    reach = {spec: limits.get(spec, max(lengths) + ANSWER_POSITIONS) - ANSWER_POSITIONS for spec in methods}
+    reach = {spec: limits.get(spec, max(lengths)) for spec in methods}
     cells_of = {spec: [cell for cell in grid if cell[0] <= reach[spec]] for spec in methods}
     bar = tqdm(total=sum(len(cells) for cells in cells_of.values()), unit="trial")
     for spec, configs in methods.items():
