@@ -7,6 +7,7 @@
 # Here, before: scripts/cuda_proof.sh pack [PROOF_FOLDER] splits the GGUF and packs the proof folder's corpus stage.
 # `run` runs the protocol in float32 (every stage, each model's chain at once) and the README's recipe in bf16 (seed 0,
 # its base rows), each with a time limit, and returns the stage folders without the weights under $OUT.
+# Needs nvidia-h200: a float32 evaluation at 32k holds ~88 GB (more than an H100's 78 GiB).
 set -u
 OUT=${OUT:-results/cuda_proof}
 SITE=/tmp/site PARK=/tmp/park
@@ -53,7 +54,11 @@ run)
     # (a few GB each) have run at once. bf16 (flash) runs beside them.
     deadline=$(( $(date +%s) + LIMIT ))
     left() { echo $(( deadline - $(date +%s) )); }
-    proof() { timeout "$(left)" python3 scripts/finetune_proof.py --device cuda "$@"; }
+    proof() {  # (timeout 0 would mean no limit: a phase that finds no time left does not start)
+        local seconds; seconds=$(left)
+        [ "$seconds" -gt 0 ] || { echo "no time left for: $*"; return 124; }
+        timeout "$seconds" python3 scripts/finetune_proof.py --device cuda "$@"
+    }
     fp32=$PARK/proof_float32
     { proof --out "$PARK/proof_bfloat16" --parallel --dtype bfloat16 \
           --only ppl_none,short_untrained,train_seed0,ppl_seed0,short_seed0; } > "$PARK/proof_bfloat16/proof.log" 2>&1 &

@@ -4,7 +4,7 @@ evaluated on texts held out from every choice, with intervals over target window
     python scripts/finetune_proof.py --out results/finetune_mix            # every stage, in order; re-run resumes
     python scripts/finetune_proof.py --out results/finetune_mix --list     # the stages and which are done
     python scripts/finetune_proof.py --out results/finetune_mix --only ppl_seed0,short_seed0   # those, if not done
-    python scripts/finetune_proof.py --out results/finetune_mix --only ppl_seed0 --redo      # again, done or not
+    python scripts/finetune_proof.py --out results/finetune_mix --only ppl_seed0 --redo      # again from the start
     python scripts/finetune_proof.py --out results/finetune_mix --report   # report.md / report.json of what is done
     python scripts/finetune_proof.py --out DIR --device cuda --parallel    # on a GPU: each model's stages at once
 
@@ -170,8 +170,13 @@ def report(out: str) -> dict:
         cells: dict[str, list[bool]] = {}
         for r in records(out, stage, "passkey", partial=True):
             cells.setdefault(f"{r['method']} {r['length']} {r['depth']}", []).append(bool(r["correct"]))
+        run_path, earlier = os.path.join(out, stage, "passkey_run.json"), False
+        if os.path.exists(run_path):  # (a prompt of L tokens with the answer past L: rope-ext eval before 2026-11-28)
+            with open(run_path) as handle:
+                earlier = "answer_within_length" not in json.load(handle)
         retrieval[name] = {cell: {"correct": sum(hits), "trials": len(hits), "interval": wilson(sum(hits), len(hits)),
-                                  "stage_finished": os.path.exists(os.path.join(out, f"{stage}.done"))}
+                                  "stage_finished": os.path.exists(os.path.join(out, f"{stage}.done")),
+                                  "earlier_prompt": earlier}
                            for cell, hits in cells.items()}
     with open(os.path.join(out, "protocol.json")) as handle:
         used = json.load(handle)
@@ -205,6 +210,7 @@ def report(out: str) -> dict:
             method, length, depth = cell.rsplit(" ", 2)
             low, high = hits["interval"]
             stopped = "" if hits["stage_finished"] else " (stage stopped before its end)"
+            stopped += " (earlier prompt: L tokens, the answer past L)" if hits["earlier_prompt"] else ""
             lines.append(f"| {name}{stopped} | {method} | {int(length) // 1024}k | {depth} | {hits['correct']}/"
                          f"{hits['trials']} ({low:.2f}-{high:.2f}) |")
     with open(os.path.join(out, "report.md"), "w") as handle:
@@ -251,7 +257,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/finetune_mix")
     parser.add_argument("--only", help="comma-separated stages, those not done (default: every stage not done)")
-    parser.add_argument("--redo", action="store_true", help="run the --only stages again, done or not")
+    parser.add_argument("--redo", action="store_true",
+                        help="run the --only stages again from the start, done or not (their folders overwritten)")
     parser.add_argument("--list", action="store_true", help="list the stages and which are done")
     parser.add_argument("--report", action="store_true", help="write report.md and report.json from the stages done")
     parser.add_argument("--device", default="cpu", help="each evaluation's --device (default: cpu)")
@@ -292,6 +299,8 @@ def main() -> int:
     def run_chain(chain_names: list[str]) -> int:
         for name in chain_names:
             command = dict(stages(args.out, args.device, args.dtype))[name]  # (now: the file lists need the corpus)
+            if args.redo and command[1] in ("eval", "finetune"):
+                command = [*command, "--overwrite"]  # (else a finished stage resumes: nothing redone)
             log = os.path.join(args.out, f"{name}.log") if args.parallel else None
             status = run_stage(args.out, name, command, log)
             if status != 0:
@@ -309,7 +318,7 @@ def main() -> int:
         chains.setdefault(chain(name), []).append(name)
     with concurrent.futures.ThreadPoolExecutor(len(chains) or 1) as pool:
         statuses = list(pool.map(run_chain, chains.values()))
-    return max(statuses, default=0)
+    return next((status for status in statuses if status), 0)  # (a chain killed by a signal returns < 0)
 
 
 if __name__ == "__main__":

@@ -160,8 +160,8 @@ def summary_rows(folder: Path) -> list[dict]:
                   mine[d].tokens_scored) for d in mine if d in theirs]
         tokens = sum(u[2] for u in units)
         low, high = bootstrap(units, ppl_ratio)
-        row |= {"first_length": first, "ratio_to_first": math.exp((sum(u[0] for u in units) - sum(u[1] for u in units))
-                                                                  / tokens), "ratio_low": low, "ratio_high": high}
+        ratio = math.exp((sum(u[0] for u in units) - sum(u[1] for u in units)) / tokens) if tokens else math.nan
+        row |= {"first_length": first, "ratio_to_first": ratio, "ratio_low": low, "ratio_high": high}
     return rows
 
 

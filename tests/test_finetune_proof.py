@@ -102,12 +102,21 @@ def test_only_skips_done_stages_unless_redo_and_redo_needs_only(proof, tmp_path,
     for name in ("corpus", "ppl_none"):
         (tmp_path / f"{name}.done").write_text("{}")
     ran: list[str] = []
-    monkeypatch.setattr(proof, "run_stage", lambda out, name, command, log: ran.append(name) or 0)
+    commands: dict[str, list[str]] = {}
+
+    def run_stage(out, name, command, log):
+        ran.append(name)
+        commands[name] = command
+        return 0
+
+    monkeypatch.setattr(proof, "run_stage", run_stage)
     for argv, expected in [(["--only", "ppl_none,ppl_untrained"], ["ppl_untrained"]),
                            (["--only", "ppl_none", "--redo"], ["ppl_none"])]:
         ran.clear()
         monkeypatch.setattr(sys, "argv", ["finetune_proof.py", "--out", str(tmp_path), *argv])
         assert proof.main() == 0 and ran == expected
+    assert commands["ppl_none"][-1] == "--overwrite"  # (redone from the start: a finished stage would only resume)
+    assert "--overwrite" not in commands["ppl_untrained"]
     monkeypatch.setattr(sys, "argv", ["finetune_proof.py", "--out", str(tmp_path), "--redo"])
     with pytest.raises(SystemExit, match="name them"):
         proof.main()
@@ -126,3 +135,26 @@ def test_agreement_is_the_largest_relative_difference_of_a_shared_window(proof, 
     assert list(result["stages"]) == ["ppl_none"]
     assert result["stages"]["ppl_none"]["windows"] == 2
     assert math.isclose(result["stages"]["ppl_none"]["max_relative_difference"], 0.001)
+
+
+def test_a_parallel_run_fails_when_a_chain_is_killed(proof, tmp_path, monkeypatch):
+    """A stage killed by a signal returns a negative status: the run must not report success."""
+    (tmp_path / "protocol.json").write_text(json.dumps(proof.protocol()))
+    (tmp_path / "corpus.done").write_text("{}")
+    monkeypatch.setattr(proof, "run_stage", lambda out, name, command, log: -9 if name == "ppl_none" else 0)
+    monkeypatch.setattr(sys, "argv", ["finetune_proof.py", "--out", str(tmp_path), "--parallel",
+                                      "--only", "ppl_none,ppl_untrained"])
+    assert proof.main() == -9
+
+
+def test_the_report_marks_retrieval_of_the_earlier_prompt(proof, tmp_path):
+    (tmp_path / "protocol.json").write_text(json.dumps(proof.protocol()))
+    keys = [{"method": "saved", "length": 16384, "depth": 0.5, "correct": True}]
+    for stage, run in (("passkey_seed0", {}), ("passkey_seed1", {"answer_within_length": True})):
+        _write(tmp_path, stage, "passkey", keys)
+        (tmp_path / stage / "passkey_run.json").write_text(json.dumps(run))
+    result = proof.report(str(tmp_path))
+    assert result["retrieval"]["seed 0"]["saved 16384 0.5"]["earlier_prompt"] is True
+    assert result["retrieval"]["seed 1"]["saved 16384 0.5"]["earlier_prompt"] is False
+    text = (tmp_path / "report.md").read_text()
+    assert "| seed 0 (earlier prompt: L tokens, the answer past L) |" in text and "| seed 1 | saved |" in text
