@@ -119,3 +119,17 @@ def test_the_ruler_plot_draws_the_threshold_and_effective_lengths_ruler_json_rec
     assert _threshold(axis) == ([], [], ["none", "yarn:factor=4"])
     (tmp_path / "ruler.json").write_text(json.dumps({**_ruler_results(given), "records": []}))
     assert [p.name for p in plot_run(tmp_path)] == ["ruler.png"]
+
+
+def test_interval_bands_shade_the_full_panel_only_and_say_so():
+    """Intervals over different texts are wider than the gaps the zoom shows: shaded above, not over the zoom."""
+    summary = [{**row, "documents": 4, "low": row["perplexity"] * 0.6, "high": row["perplexity"] * 1.7}
+               for row in _summary({"none": (14.0, 400.0, 5000.0), "dca": (14.2, 14.8, 15.5)})]
+    full, zoom = perplexity_figure(RUN, summary).axes
+    assert len(full.collections) == 2 and len(zoom.collections) == 0
+    assert "shaded: 95% intervals over the windows" in full.get_title(loc="left")
+    (axis,) = perplexity_figure(RUN, [row for row in summary if row["method"] == "dca"]).axes
+    assert len(axis.collections) == 1 and "shaded: 95% intervals" in axis.get_title()
+    one = [{**row, "documents": 1} for row in summary if row["method"] == "dca"]  # (one window: no band, no note)
+    (axis,) = perplexity_figure(RUN, one).axes
+    assert len(axis.collections) == 0 and "shaded" not in axis.get_title()

@@ -122,6 +122,7 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
         height = max(height, 8.0)
     figure = Figure(figsize=(10.0 if outside else 7.5, height), layout="constrained")
     axes = list(figure.subplots(2, 1, sharex=True, height_ratios=[1, 2])) if band else [figure.subplots()]
+    shaded = False
     for axis in axes:
         for method in methods:
             finite = [(n, p if math.isfinite(p) else float("nan")) for n, p in points[method]]
@@ -130,9 +131,12 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
             band_rows = sorted((row["length"], row.get("low"), row.get("high")) for row in rows
                                if row["method"] == method and row.get("documents", 1) > 1
                                and row.get("low") is not None)
-            if band_rows:  # (several windows: the 95% interval as a band)
+            # (several windows: the 95% interval as a band, on the full panel only: the zoom is for the gaps
+            # between methods, which intervals over different texts are wider than)
+            if band_rows and axis is axes[0]:
                 axis.fill_between([b[0] for b in band_rows], [b[1] for b in band_rows], [b[2] for b in band_rows],
                                   color=colors[method], alpha=0.15, linewidth=0)
+                shaded = True
     full, zoom = axes[0], axes[-1] if band else None
     full.set_yscale("log")
     full.yaxis.set_major_formatter(_PlainLogFormatter())
@@ -145,7 +149,8 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
         zoom.set_ylabel("perplexity")
         zoom.set_label("zoom")
         off_scale = _mark_off_scale(zoom, points, colors, band[1], lengths)
-        full.set_title("every method (log scale)", fontsize=9, loc="left")
+        full.set_title("every method (log scale" + ("; shaded: 95% intervals over the windows)" if shaded else ")"),
+                       fontsize=9, loc="left")
         zoom.set_title(f"zoom on the perplexities within {ZOOM_MULTIPLE:g}x the best at {_length_label(lengths[0])} "
                        "(linear scale; \u25b2 = off-scale, value shown)", fontsize=9, loc="left")
     native = run.get("native_context")
@@ -165,7 +170,7 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
                 "span-corruption": "span-corruption loss (T5), fixed spans"}
     title = f"{run.get('model_name', run.get('model'))}: {protocol.get(run['protocol'], run['protocol'])}"
     if band is None:
-        full.set_title(title)
+        full.set_title(title + ("\n(shaded: 95% intervals over the windows)" if shaded else ""), fontsize=10)
     else:
         figure.suptitle(title)
     legend_axis = axes[-1]
