@@ -144,27 +144,24 @@ def report(out: str) -> dict:
     8k (the same target tokens), the short-context check against the unpatched model at each length, retrieval."""
     from rope_ext.eval.intervals import wilson
 
+    def by_length(rows: list[dict], base: list[dict], same_length: bool = False) -> dict:
+        """``paired`` at each length of ``rows``, against ``base`` (at that length too, with ``same_length``)."""
+        return {str(length): paired([r for r in rows if r["length"] == length],
+                                    [r for r in base if r["length"] == length] if same_length else base)
+                for length in sorted({r["length"] for r in rows})}
+
     base = [r for r in records(out, "ppl_none", "ppl") if r["length"] == 8192]
-    long = {}
-    for name, stage in ROWS.items():
-        rows = records(out, stage, "ppl")
-        long[name] = {str(length): paired([r for r in rows if r["length"] == length], base)
-                      for length in sorted({r["length"] for r in rows})}
+    long = {name: by_length(records(out, stage, "ppl"), base) for name, stage in ROWS.items()}
     lora = [r for r in records(out, "ppl_lora_none", "ppl") if r["length"] == 8192]
-    against_lora = {}  # (the recipe against a fine-tune on the same data with no extension: what the data alone buys)
-    for seed in SEEDS:
-        rows = records(out, f"ppl_seed{seed}", "ppl")
-        against_lora[f"seed {seed}"] = {str(length): paired([r for r in rows if r["length"] == length], lora)
-                                        for length in sorted({r["length"] for r in rows})}
+    # (the recipe against a fine-tune on the same data with no extension: what the data alone buys)
+    against_lora = {f"seed {seed}": by_length(records(out, f"ppl_seed{seed}", "ppl"), lora) for seed in SEEDS}
+    none = [r for r in records(out, "short_untrained", "ppl") if r["method"] == "none"]
     short = {}
     for name, stage in SHORT_ROWS.items():
         rows = records(out, stage, "ppl")
         methods = {r["method"] for r in rows}
-        none = [r for r in records(out, "short_untrained", "ppl") if r["method"] == "none"]
         mine = [r for r in rows if r["method"] != "none" or methods == {"none"}]
-        short[name] = {str(length): paired([r for r in mine if r["length"] == length],
-                                           [r for r in none if r["length"] == length])
-                       for length in sorted({r["length"] for r in mine})}
+        short[name] = by_length(mine, none, same_length=True)
     retrieval = {}
     for name, stage in RETRIEVAL_ROWS.items():
         cells: dict[str, list[bool]] = {}
@@ -191,19 +188,12 @@ def report(out: str) -> dict:
                 lines.append(f"| {name} | {int(length) // 1024}k | {cell['ppl']:.2f} ({cell['low']:.2f}-"
                              f"{cell['high']:.2f}) | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
                              f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
-    lines += ["", "| model | context | x plain LoRA (none) at 8k, same data (95%, paired) | windows |",
-              "|---|---:|---:|---:|"]
-    for name, cells in against_lora.items():
-        for length, cell in cells.items():
-            if cell:
-                lines.append(f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
-                             f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
-    lines += ["", "| model | context | x unpatched at that context (95%, paired) | windows |", "|---|---:|---:|---:|"]
-    for name, cells in short.items():
-        for length, cell in cells.items():
-            if cell:
-                lines.append(f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
-                             f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
+    for heading, table in (("x plain LoRA (none) at 8k, same data", against_lora),
+                           ("x unpatched at that context", short)):
+        lines += ["", f"| model | context | {heading} (95%, paired) | windows |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
+                  f"{cell['ratio_high']:.3f}) | {cell['windows']} |"
+                  for name, cells in table.items() for length, cell in cells.items() if cell]
     lines += ["", "| model | method | context | key at depth | found (95% Wilson) |", "|---|---|---:|---:|---:|"]
     for name, cells in retrieval.items():
         for cell, hits in cells.items():

@@ -128,12 +128,12 @@ def perplexity_figure(run: dict, rows: list[dict]) -> Figure:
             finite = [(n, p if math.isfinite(p) else float("nan")) for n, p in points[method]]
             axis.plot([p[0] for p in finite], [p[1] for p in finite], label=method, color=colors[method],
                       linestyle=styled[method][2], marker=styled[method][1])
-            band_rows = sorted((row["length"], row.get("low"), row.get("high")) for row in rows
-                               if row["method"] == method and row.get("documents", 1) > 1
-                               and row.get("low") is not None)
             # (several windows: the 95% interval as a band, on the full panel only: the zoom is for the gaps
             # between methods, which intervals over different texts are wider than)
-            if band_rows and axis is axes[0]:
+            band_rows = sorted((row["length"], row.get("low"), row.get("high")) for row in rows
+                               if row["method"] == method and row.get("documents", 1) > 1
+                               and row.get("low") is not None) if axis is axes[0] else []
+            if band_rows:
                 axis.fill_between([b[0] for b in band_rows], [b[1] for b in band_rows], [b[2] for b in band_rows],
                                   color=colors[method], alpha=0.15, linewidth=0)
                 shaded = True
