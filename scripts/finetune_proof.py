@@ -1,5 +1,6 @@
 """The fine-tuning proof of docs/results/finetune_mix: the README's recipe trained on a mix of texts, three seeds,
-evaluated on texts held out from every choice, with intervals over target windows.
+evaluated on texts held out from every choice, with intervals over target windows; beside it, attention rewrites with
+no training (``TRAINING_FREE``) on the same targets.
 
     python scripts/finetune_proof.py --out results/finetune_mix            # every stage, in order; re-run resumes
     python scripts/finetune_proof.py --out results/finetune_mix --list     # the stages and which are done
@@ -42,6 +43,9 @@ SEEDS = (0, 1, 2)
 LONG = ["--lengths", "8k,32k", "--target-end", "32k", "--documents", "4", "--windows", "2"]
 SHORT = ["--lengths", "1k,2k,4k", "--target-end", "4k", "--target-tokens", "512", "--documents", "4", "--windows", "8"]
 RETRIEVAL = ["--lengths", "16k,32k", "--depths", "0.1,0.5,0.9", "--trials", "10"]
+# attention rewrites on the same targets, no training (the README's Psalms table's best rows, held out here)
+TRAINING_FREE = {"dca:chunk_size=8192": "ppl_dca_chunk8k", "self_extend+logn": "ppl_self_extend_logn",
+                 "dca": "ppl_dca"}
 
 
 def stages(out: str, device: str = "cpu", dtype: str = "float32") -> list[tuple[str, list[str]]]:
@@ -76,6 +80,10 @@ def stages(out: str, device: str = "cpu", dtype: str = "float32") -> list[tuple[
                                       "--methods", "saved", *RETRIEVAL]) for seed in SEEDS]
     plan.append(("passkey_native", ["rope-ext", "eval", "passkey", "--model", "default", "--methods", f"none,{METHOD}",
                                     "--lengths", "8k", "--depths", "0.1,0.5,0.9", "--trials", "10"]))
+    plan += [(stage, [*ppl, "--model", "default", "--methods", method, *LONG])
+             for method, stage in TRAINING_FREE.items()]
+    plan.append(("passkey_dca_chunk8k", ["rope-ext", "eval", "passkey", "--model", "default", "--methods",
+                                         "dca:chunk_size=8192", *RETRIEVAL]))
     evaluation = ["--device", device, "--dtype", dtype]
     training = ["--mixed-precision", "bf16"] if dtype == "bfloat16" else []
     return [(name, command + (["--out", os.path.join(out, name), *evaluation] if command[1] == "eval" else
@@ -105,11 +113,13 @@ def protocol(dtype: str = "float32") -> dict:
 # --- the report: every row against the unpatched model at the native 8k, paired over the same windows ----------------
 
 ROWS = {"none": "ppl_none", "yarn:factor=4, untrained": "ppl_untrained",
-        **{f"seed {seed}": f"ppl_seed{seed}" for seed in SEEDS}, "plain LoRA (none), same data": "ppl_lora_none"}
+        **{f"seed {seed}": f"ppl_seed{seed}" for seed in SEEDS}, "plain LoRA (none), same data": "ppl_lora_none",
+        **{f"{method}, training-free": stage for method, stage in TRAINING_FREE.items()}}
 SHORT_ROWS = {"yarn:factor=4, untrained": "short_untrained", **{f"seed {seed}": f"short_seed{seed}" for seed in SEEDS},
               "plain LoRA (none), same data": "short_lora_none"}
 RETRIEVAL_ROWS = {"yarn:factor=4, untrained": "passkey_untrained",
-                  **{f"seed {seed}": f"passkey_seed{seed}" for seed in SEEDS}, "native 8k": "passkey_native"}
+                  **{f"seed {seed}": f"passkey_seed{seed}" for seed in SEEDS}, "native 8k": "passkey_native",
+                  "dca:chunk_size=8192, training-free": "passkey_dca_chunk8k"}
 
 
 def records(out: str, stage: str, kind: str, partial: bool = False) -> list[dict]:
@@ -180,7 +190,10 @@ def report(out: str) -> dict:
     result = {"protocol": used, "long": long, "against_lora_8k": against_lora, "short": short, "retrieval": retrieval}
     with open(os.path.join(out, "report.json"), "w") as handle:
         json.dump(result, handle, indent=1)
-    lines = ["| model | context | perplexity (95%) | x unpatched 8k (95%, paired) | windows |",
+    lines = [f"Report texts (no configuration was chosen on them): {', '.join(used['report']['texts'])}; trained on "
+             f"{', '.join(used['train']['texts'])} less {', '.join(used['train']['excluded'])} (`protocol.json`). "
+             "95% bootstrap intervals over the windows; ratios paired (the same windows on both sides).", "",
+             "| model | context | perplexity (95%) | x unpatched 8k (95%, paired) | windows |",
              "|---|---:|---:|---:|---:|"]
     for name, cells in long.items():
         for length, cell in cells.items():
@@ -190,11 +203,13 @@ def report(out: str) -> dict:
                              f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
     for heading, table in (("x plain LoRA (none) at 8k, same data", against_lora),
                            ("x unpatched at that context", short)):
-        lines += ["", f"| model | context | {heading} (95%, paired) | windows |", "|---|---:|---:|---:|"]
-        lines += [f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
-                  f"{cell['ratio_high']:.3f}) | {cell['windows']} |"
-                  for name, cells in table.items() for length, cell in cells.items() if cell]
-    lines += ["", "| model | method | context | key at depth | found (95% Wilson) |", "|---|---|---:|---:|---:|"]
+        rows = [f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
+                f"{cell['ratio_high']:.3f}) | {cell['windows']} |"
+                for name, cells in table.items() for length, cell in cells.items() if cell]
+        if rows:
+            lines += ["", f"| model | context | {heading} (95%, paired) | windows |", "|---|---:|---:|---:|", *rows]
+    if any(retrieval.values()):
+        lines += ["", "| model | method | context | key at depth | found (95% Wilson) |", "|---|---|---:|---:|---:|"]
     for name, cells in retrieval.items():
         for cell, hits in cells.items():
             method, length, depth = cell.rsplit(" ", 2)

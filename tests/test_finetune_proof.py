@@ -52,8 +52,22 @@ def test_chains_keep_each_model_after_its_training_and_the_base_stages_apart(pro
         assert chains[f"seed{seed}"] == [f"train_seed{seed}", f"ppl_seed{seed}", f"short_seed{seed}",
                                          f"passkey_seed{seed}"]
     assert chains["lora_none"] == ["train_lora_none", "ppl_lora_none", "short_lora_none"]
-    for name in ("ppl_none", "ppl_untrained", "short_untrained", "passkey_untrained", "passkey_native", "corpus"):
+    for name in ("ppl_none", "ppl_untrained", "short_untrained", "passkey_untrained", "passkey_native", "corpus",
+                 *proof.TRAINING_FREE.values(), "passkey_dca_chunk8k"):
         assert chains[name] == [name]
+
+
+def test_the_training_free_rows_score_the_untrained_rows_targets(proof, tmp_path):
+    """The attention rewrites on the base model, the command of untrained YaRN's row but for the method: the same
+    texts, windows, lengths and targets, so that the report pairs them with the unpatched model's windows."""
+    plan = dict(proof.stages(str(tmp_path)))
+    untrained = plan["ppl_untrained"]
+    at = untrained.index("--methods")
+    for method, stage in proof.TRAINING_FREE.items():
+        command = plan[stage]
+        assert command[at + 1] == method and command[:at + 1] == untrained[:at + 1]
+        assert command[at + 2:] == [a.replace("ppl_untrained", stage) for a in untrained[at + 2:]]
+        assert proof.ROWS[f"{method}, training-free"] == stage
 
 
 def test_a_folder_refuses_another_dtypes_protocol(proof, tmp_path, monkeypatch):
