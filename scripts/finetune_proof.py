@@ -43,7 +43,7 @@ SEEDS = (0, 1, 2)
 LONG = ["--lengths", "8k,32k", "--target-end", "32k", "--documents", "4", "--windows", "2"]
 SHORT = ["--lengths", "1k,2k,4k", "--target-end", "4k", "--target-tokens", "512", "--documents", "4", "--windows", "8"]
 RETRIEVAL = ["--lengths", "16k,32k", "--depths", "0.1,0.5,0.9", "--trials", "10"]
-# attention rewrites on the same targets, no training (the README's Psalms table's best rows, held out here)
+# attention rewrites on the same targets, no training (the best rows of docs/results.md's Psalms table, held out here)
 TRAINING_FREE = {"dca:chunk_size=8192": "ppl_dca_chunk8k", "self_extend+logn": "ppl_self_extend_logn",
                  "dca": "ppl_dca"}
 
@@ -149,9 +149,11 @@ def paired(rows: list[dict], base: list[dict]) -> dict | None:
             "ratio": math.exp((nll - ref) / tokens), "ratio_low": ratio_low, "ratio_high": ratio_high}
 
 
-def report(out: str) -> dict:
+def report(out: str, seeds_from: str | None = None) -> dict:
     """Every finished stage's numbers: perplexity at 8k and 32k on the report texts against the unpatched model at
-    8k (the same target tokens), the short-context check against the unpatched model at each length, retrieval."""
+    8k (the same target tokens), the short-context check against the unpatched model at each length, retrieval; the
+    training-free rows against each seed at 32k (the seeds' records from ``seeds_from``, another run of the same
+    protocol, where they ran there)."""
     from rope_ext.eval.intervals import wilson
 
     def by_length(rows: list[dict], base: list[dict], same_length: bool = False) -> dict:
@@ -187,7 +189,16 @@ def report(out: str) -> dict:
                            for cell, hits in cells.items()}
     with open(os.path.join(out, "protocol.json")) as handle:
         used = json.load(handle)
-    result = {"protocol": used, "long": long, "against_lora_8k": against_lora, "short": short, "retrieval": retrieval}
+    seeds = {seed: [r for r in records(seeds_from or out, f"ppl_seed{seed}", "ppl") if r["length"] == 32768]
+             for seed in SEEDS}
+    against_seeds = {}
+    for method, stage in TRAINING_FREE.items():
+        mine = [r for r in records(out, stage, "ppl") if r["length"] == 32768]
+        cells = {f"seed {seed}": paired(mine, theirs) for seed, theirs in seeds.items() if mine and theirs}
+        if any(cells.values()):
+            against_seeds[f"{method}, training-free"] = {name: cell for name, cell in cells.items() if cell}
+    result = {"protocol": used, "long": long, "against_lora_8k": against_lora, "short": short, "retrieval": retrieval,
+              "training_free_against_seeds_32k": against_seeds, "seeds_from": seeds_from}
     with open(os.path.join(out, "report.json"), "w") as handle:
         json.dump(result, handle, indent=1)
     lines = [f"Report texts (no configuration was chosen on them): {', '.join(used['report']['texts'])}; trained on "
@@ -195,12 +206,14 @@ def report(out: str) -> dict:
              "95% bootstrap intervals over the windows; ratios paired (the same windows on both sides).", "",
              "| model | context | perplexity (95%) | x unpatched 8k (95%, paired) | windows |",
              "|---|---:|---:|---:|---:|"]
-    for name, cells in long.items():
-        for length, cell in cells.items():
-            if cell:
-                lines.append(f"| {name} | {int(length) // 1024}k | {cell['ppl']:.2f} ({cell['low']:.2f}-"
-                             f"{cell['high']:.2f}) | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
-                             f"{cell['ratio_high']:.3f}) | {cell['windows']} |")
+    lines += [f"| {name} | {int(length) // 1024}k | {cell['ppl']:.2f} ({cell['low']:.2f}-{cell['high']:.2f}) | "
+              f"{cell['ratio']:.3f} ({cell['ratio_low']:.3f}-{cell['ratio_high']:.3f}) | {cell['windows']} |"
+              for name, cells in long.items() for length, cell in cells.items() if cell]
+    if against_seeds:
+        lines += ["", f"| model | x the seed at 32k (95%, paired{'; the seeds: ' + seeds_from if seeds_from else ''}) "
+                  "| windows |", "|---|---:|---:|"]
+        lines += [f"| {name} / {seed} | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-{cell['ratio_high']:.3f}) | "
+                  f"{cell['windows']} |" for name, cells in against_seeds.items() for seed, cell in cells.items()]
     for heading, table in (("x plain LoRA (none) at 8k, same data", against_lora),
                            ("x unpatched at that context", short)):
         rows = [f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
@@ -266,6 +279,8 @@ def main() -> int:
                         help="run the --only stages again from the start, done or not (their folders overwritten)")
     parser.add_argument("--list", action="store_true", help="list the stages and which are done")
     parser.add_argument("--report", action="store_true", help="write report.md and report.json from the stages done")
+    parser.add_argument("--seeds-from", metavar="OTHER", help="with --report: the seeds' records from OTHER (the same "
+                        "protocol run elsewhere), to pair the training-free rows with each seed")
     parser.add_argument("--device", default="cpu", help="each evaluation's --device (default: cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="float32, or bfloat16: evaluations in bf16, training in bf16 mixed precision")
@@ -284,8 +299,10 @@ def main() -> int:
     if args.compare:
         print(json.dumps(agreement(args.out, args.compare), indent=1))
         return 0
+    if args.seeds_from and not args.report:
+        sys.exit("--seeds-from is an option of --report")
     if args.report:
-        report(args.out)
+        report(args.out, args.seeds_from)
         return 0
     names = [name for name, _ in stages(args.out)]
     chosen = args.only.split(",") if args.only else names

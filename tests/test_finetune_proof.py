@@ -109,6 +109,36 @@ def test_the_report_pairs_windows_and_keeps_a_stopped_retrievals_trials(proof, t
     assert (hits["correct"], hits["trials"], hits["stage_finished"]) == (3, 4, False)
     text = (tmp_path / "report.md").read_text()
     assert "| seed 0 (stage stopped before its end) | saved | 16k | 0.9 | 3/4 (" in text
+    assert text.startswith("Report texts (no configuration was chosen on them): devils-dictionary, debian-reference,")
+    assert "x plain LoRA" in text and "x unpatched at that context" not in text  # (no short check ran: no table)
+
+
+def test_the_training_free_rows_pair_with_the_unpatched_8k_and_each_seed_of_another_run(proof, tmp_path):
+    """A training-free row against the unpatched model's 8k here, and against each seed's 32k windows of another run
+    of the protocol (``--seeds-from``: the seeds ran on a GPU, the training-free rows here)."""
+    here, there = tmp_path / "cpu", tmp_path / "gpu"
+    for folder in (here, there):
+        folder.mkdir()
+        (folder / "protocol.json").write_text(json.dumps(proof.protocol()))
+
+    def window(doc: str, nll: float, length: int) -> dict:
+        return {"method": "x", "document": doc, "length": length, "mean_nll": nll, "tokens_scored": 100}
+
+    _write(here, "ppl_none", "ppl", [window("a", 2.0, 8192), window("b", 3.0, 8192)])
+    _write(here, "ppl_dca_chunk8k", "ppl", [window("a", 2.0, 8192), window("b", 3.0, 8192), window("a", 2.05, 32768),
+                                            window("b", 3.05, 32768)])
+    _write(there, "ppl_seed0", "ppl", [window("a", 2.3, 32768), window("b", 3.3, 32768)])
+    _write(there, "ppl_seed2", "ppl", [window("a", 2.0, 32768)])
+    row = "dca:chunk_size=8192, training-free"
+    assert proof.report(str(here))["training_free_against_seeds_32k"] == {}  # (no seeds here)
+    result = proof.report(str(here), str(there))
+    assert math.isclose(result["long"][row]["32768"]["ratio"], math.exp(0.05))
+    assert math.isclose(result["long"][row]["8192"]["ratio"], 1.0)
+    against = result["training_free_against_seeds_32k"][row]
+    assert set(against) == {"seed 0", "seed 2"}  # (seed 1 ran nowhere)
+    assert math.isclose(against["seed 0"]["ratio"], math.exp(-0.25)) and against["seed 0"]["windows"] == 2
+    assert math.isclose(against["seed 2"]["ratio"], math.exp(0.05)) and against["seed 2"]["windows"] == 1
+    assert f"| {row} / seed 0 | 0.779 (" in (here / "report.md").read_text()
 
 
 def test_only_skips_done_stages_unless_redo_and_redo_needs_only(proof, tmp_path, monkeypatch, capsys):

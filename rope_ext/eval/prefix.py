@@ -16,8 +16,9 @@ from torch import nn
 MIN_SHARED = 64
 #: the least share of the prompt worth reusing: the rest then runs with an explicit mask (its queries start past the
 #: cache), which SDPA's causal kernel cannot take; on the 2-core CPU a 16k prompt reusing its first 10% took 130 s
-#: against 90 s whole, a 32k one reusing half 262 s against 297 s, reusing 90% 54 s (the default model, float32)
-MIN_SHARED_FRACTION = 0.5
+#: against 90 s whole, a 32k one reusing half 262 s against 297 s, reusing 90% 54 s (the default model, float32):
+#: even at about 40% (below half, so that a key at depth 0.5 is reused whatever the task text's length)
+MIN_SHARED_FRACTION = 0.4
 
 
 class PrefixCache:
@@ -30,7 +31,7 @@ class PrefixCache:
 
     def shared(self, ids: torch.Tensor) -> int:
         """How many leading tokens ``ids [1, n]`` shares with the last prompt (at most ``n - 1``: one token is always
-        computed, the one whose logits start the answer); 0 below ``MIN_SHARED`` tokens or ``MIN_SHARED_FRACTION``."""
+        computed, the one whose logits start the answer); 0 below ``MIN_SHARED`` tokens or ``MIN_SHARED_FRACTION`` of the prompt."""
         if not self.enabled or self.ids is None or self.cache is None:
             return 0
         n = min(self.ids.shape[-1], ids.shape[-1] - 1)
