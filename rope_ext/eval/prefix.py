@@ -31,7 +31,8 @@ class PrefixCache:
 
     def shared(self, ids: torch.Tensor) -> int:
         """How many leading tokens ``ids [1, n]`` shares with the last prompt (at most ``n - 1``: one token is always
-        computed, the one whose logits start the answer); 0 below ``MIN_SHARED`` tokens or ``MIN_SHARED_FRACTION`` of the prompt."""
+        computed, the one whose logits start the answer); 0 below ``MIN_SHARED`` tokens or ``MIN_SHARED_FRACTION``
+        of the prompt."""
         if not self.enabled or self.ids is None or self.cache is None:
             return 0
         n = min(self.ids.shape[-1], ids.shape[-1] - 1)
