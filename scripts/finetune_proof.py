@@ -27,7 +27,6 @@ import argparse
 import concurrent.futures
 import glob
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -134,19 +133,14 @@ def records(out: str, stage: str, kind: str, partial: bool = False) -> list[dict
 
 def paired(rows: list[dict], base: list[dict]) -> dict | None:
     """Perplexity of ``rows`` and its ratio to ``base`` over the windows both scored, with 95% bootstrap intervals
-    (windows resampled together: what they share cancels)."""
-    from rope_ext.eval.intervals import bootstrap, mean_nll_ppl, ppl_ratio
+    (windows resampled together: what they share cancels; ``rope_ext.eval.perplexity.paired``)."""
+    from types import SimpleNamespace
 
-    theirs = {r["document"]: r for r in base}
-    units = [(r["mean_nll"] * r["tokens_scored"], theirs[r["document"]]["mean_nll"] * r["tokens_scored"],
-              r["tokens_scored"]) for r in rows if r["document"] in theirs]
-    if not units:
-        return None
-    nll, ref, tokens = (sum(u[i] for u in units) for i in range(3))
-    low, high = bootstrap([(u[0], u[2]) for u in units], mean_nll_ppl)
-    ratio_low, ratio_high = bootstrap(units, ppl_ratio)
-    return {"windows": len(units), "ppl": math.exp(nll / tokens), "low": low, "high": high,
-            "ratio": math.exp((nll - ref) / tokens), "ratio_low": ratio_low, "ratio_high": ratio_high}
+    from rope_ext.eval.perplexity import paired as paired_records
+
+    found = paired_records([SimpleNamespace(**r) for r in rows], [SimpleNamespace(**r) for r in base])
+    return found and {"windows": found["documents"], "ppl": found["perplexity"],
+                      **{key: found[key] for key in ("low", "high", "ratio", "ratio_low", "ratio_high")}}
 
 
 def report(out: str, seeds_from: str | None = None) -> dict:

@@ -142,26 +142,18 @@ def summary_rows(folder: Path) -> list[dict]:
     interval over the documents (``low``, ``high``), and its ratio to the same method at the shortest length it was
     scored at, paired per document (``ratio_to_first``, ``ratio_low``, ``ratio_high``): how much the longer context
     costs or gains on the same targets."""
-    import dataclasses
-
-    from rope_ext.eval.intervals import bootstrap, ppl_ratio
-    from rope_ext.eval.perplexity import PerplexityRecord, summarize
+    from rope_ext.eval.perplexity import PerplexityRecord, paired, summarize
     from rope_ext.runs.results import read_records
 
-    fields = {field.name for field in dataclasses.fields(PerplexityRecord)}
     found, _ = read_records(folder / "ppl" / "ppl_records.jsonl")
-    records = [PerplexityRecord(**{key: value for key, value in r.items() if key in fields}) for r in found]
+    records = [PerplexityRecord.from_dict(r) for r in found]
     rows = summarize(records)
     for row in rows:
-        mine = {r.document: r for r in records if r.method == row["method"] and r.length == row["length"]}
+        mine = [r for r in records if r.method == row["method"] and r.length == row["length"]]
         first = min(r.length for r in records if r.method == row["method"])
-        theirs = {r.document: r for r in records if r.method == row["method"] and r.length == first}
-        units = [(mine[d].mean_nll * mine[d].tokens_scored, theirs[d].mean_nll * theirs[d].tokens_scored,
-                  mine[d].tokens_scored) for d in mine if d in theirs]
-        tokens = sum(u[2] for u in units)
-        low, high = bootstrap(units, ppl_ratio)
-        ratio = math.exp((sum(u[0] for u in units) - sum(u[1] for u in units)) / tokens) if tokens else math.nan
-        row |= {"first_length": first, "ratio_to_first": ratio, "ratio_low": low, "ratio_high": high}
+        pair = paired(mine, [r for r in records if r.method == row["method"] and r.length == first])
+        row |= {"first_length": first, "ratio_to_first": pair["ratio"] if pair else math.nan,
+                "ratio_low": pair and pair["ratio_low"], "ratio_high": pair and pair["ratio_high"]}
     return rows
 
 

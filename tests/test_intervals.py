@@ -67,3 +67,31 @@ def test_perplexity_and_paired_ratio_statistics():
     units = [(1.0 + k, 0.5 + k, 1.0) for k in range(8)]
     low, high = bootstrap(units, ppl_ratio)
     assert low == pytest.approx(math.exp(0.5)) and high == pytest.approx(math.exp(0.5))
+
+
+def _record(document: str, mean_nll: float, tokens: int):
+    from rope_ext.eval.perplexity import PerplexityRecord
+
+    return PerplexityRecord(method="m", config=[], protocol="fixed", document=document, length=8, start=0, end=tokens,
+                            tokens_scored=tokens, mean_nll=mean_nll, perplexity=math.exp(mean_nll), seconds=0.0,
+                            peak_memory_mb=0.0)
+
+
+def test_paired_takes_the_shared_documents_weighted_by_their_own_tokens():
+    """``perplexity.paired``: the ratio over the documents both sides scored, base's NLL per token weighted by the
+    records' own tokens; a record read back from JSON with a field it does not know."""
+    from rope_ext.eval.perplexity import PerplexityRecord, paired
+
+    mine = [_record("a", 2.0, 10), _record("b", 3.0, 30), _record("c", 9.0, 5)]
+    base = [_record("a", 1.5, 10), _record("b", 3.5, 60), _record("d", 0.1, 7)]  # (b: 60 tokens, weighted by 30)
+    got = paired(mine, base)
+    # by hand: a 20 vs 15, b 90 vs 105, over 40 tokens; c and d unshared
+    assert got["documents"] == 2 and got["tokens_scored"] == 40
+    assert got["perplexity"] == pytest.approx(math.exp(110 / 40), rel=1e-12)
+    assert got["ratio"] == pytest.approx(math.exp((110 - 120) / 40), rel=1e-12)
+    assert got["ratio_low"] <= got["ratio"] <= got["ratio_high"] and got["low"] <= got["perplexity"] <= got["high"]
+    # (each side's resamples are the two documents in one mix: the interval's ends are the all-a and all-b means)
+    assert (got["ratio_low"], got["ratio_high"]) == pytest.approx((math.exp(-0.5), math.exp(0.5)), rel=1e-12)
+    assert paired(mine[2:], base) is None and paired(mine, []) is None
+    line = {**mine[0].to_dict(), "added_later": 1}
+    assert PerplexityRecord.from_dict(line) == mine[0]

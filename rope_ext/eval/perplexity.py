@@ -103,6 +103,11 @@ class PerplexityRecord:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, found: dict[str, Any]) -> PerplexityRecord:
+        """A record from its JSON line (the fields a record has; others, such as a later version's, left out)."""
+        return cls(**{key: value for key, value in found.items() if key in cls.__dataclass_fields__})
+
 
 def record_key(method: str, protocol: str, document: str, length: int) -> tuple:
     return (method, protocol, document, int(length))
@@ -250,6 +255,24 @@ def check_same_targets(records: list[PerplexityRecord]) -> None:
             )
 
 
+def paired(records: Iterable[PerplexityRecord], base: Iterable[PerplexityRecord]) -> dict[str, Any] | None:
+    """``records``' perplexity over the documents ``base`` scored too, and its ratio to ``base``'s there, paired per
+    document (each document's NLL on both sides resampled together: what the documents share cancels), with 95%
+    bootstrap intervals: ``documents``, ``tokens_scored``, ``perplexity`` (``low``, ``high``), ``ratio``
+    (``ratio_low``, ``ratio_high``); None where they share no document. ``base``'s mean NLL is weighted by
+    ``records``' own target tokens (the same tokens where both score the same targets)."""
+    theirs = {r.document: r for r in base}
+    units = [(r.mean_nll * r.tokens_scored, theirs[r.document].mean_nll * r.tokens_scored, r.tokens_scored)
+             for r in records if r.document in theirs]
+    if not units:
+        return None
+    nll, ref, tokens = (sum(u[i] for u in units) for i in range(3))
+    low, high = bootstrap([(u[0], u[2]) for u in units], mean_nll_ppl)
+    ratio_low, ratio_high = bootstrap(units, ppl_ratio)
+    return {"documents": len(units), "tokens_scored": tokens, "perplexity": math.exp(nll / tokens), "low": low,
+            "high": high, "ratio": math.exp((nll - ref) / tokens), "ratio_low": ratio_low, "ratio_high": ratio_high}
+
+
 def summarize(records: list[PerplexityRecord], methods: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Token-weighted mean NLL over documents, per (method, protocol, length), the perplexity with its 95% bootstrap
     interval over the documents (``low``, ``high``: target windows, ``--windows``; one document: the point), and
@@ -270,12 +293,9 @@ def summarize(records: list[PerplexityRecord], methods: Iterable[str] = ()) -> l
                "tokens_scored": tokens, "mean_nll": mean, "perplexity": math.exp(mean), "low": low, "high": high,
                "ratio_to_none": None, "ratio_low": None, "ratio_high": None}
         # (against the unpatched model on the same documents, paired: each document's NLL on both sides)
-        base = {r.document: r for r in groups.get(("none", protocol, length), [])}
-        if method != "none" and base and all(r.document in base for r in group):
-            pairs = [(r.mean_nll * r.tokens_scored, base[r.document].mean_nll * r.tokens_scored, r.tokens_scored)
-                     for r in group]
-            ratio_low, ratio_high = bootstrap(pairs, ppl_ratio)
-            row |= {"ratio_to_none": math.exp(mean - sum(p[1] for p in pairs) / tokens), "ratio_low": ratio_low,
-                    "ratio_high": ratio_high}
+        base = groups.get(("none", protocol, length), [])
+        if method != "none" and base and {r.document for r in group} <= {r.document for r in base}:
+            pair = paired(group, base)
+            row |= {"ratio_to_none": pair["ratio"], "ratio_low": pair["ratio_low"], "ratio_high": pair["ratio_high"]}
         rows.append(row)
     return in_order(rows, methods, lambda row: (row["protocol"], row["length"]))
