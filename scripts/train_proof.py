@@ -152,8 +152,10 @@ def summary_rows(folder: Path) -> list[dict]:
         mine = [r for r in records if r.method == row["method"] and r.length == row["length"]]
         first = min(r.length for r in records if r.method == row["method"])
         pair = paired(mine, [r for r in records if r.method == row["method"] and r.length == first])
-        row |= {"first_length": first, "ratio_to_first": pair["ratio"] if pair else math.nan,
-                "ratio_low": pair and pair["ratio_low"], "ratio_high": pair and pair["ratio_high"]}
+        if pair is None:
+            raise ValueError(f"{folder}: {row['method']} at {row['length']} shares no document with its {first}")
+        row |= {"first_length": first, "ratio_to_first": pair["ratio"], "ratio_low": pair["ratio_low"],
+                "ratio_high": pair["ratio_high"]}
     return rows
 
 

@@ -83,14 +83,14 @@ def test_paired_takes_the_shared_documents_weighted_by_their_own_tokens():
     from rope_ext.eval.perplexity import PerplexityRecord, paired
 
     mine = [_record("a", 2.0, 10), _record("b", 3.0, 30), _record("c", 9.0, 5)]
-    base = [_record("a", 1.5, 10), _record("b", 3.5, 60), _record("d", 0.1, 7)]  # (b: 60 tokens, weighted by 30)
+    base = [_record("d", 0.1, 7), _record("b", 3.5, 60), _record("a", 1.5, 10)]  # (b: 60 tokens, weighted by 30)
     got = paired(mine, base)
     # by hand: a 20 vs 15, b 90 vs 105, over 40 tokens; c and d unshared
     assert got["documents"] == 2 and got["tokens_scored"] == 40
     assert got["perplexity"] == pytest.approx(math.exp(110 / 40), rel=1e-12)
     assert got["ratio"] == pytest.approx(math.exp((110 - 120) / 40), rel=1e-12)
     assert got["ratio_low"] <= got["ratio"] <= got["ratio_high"] and got["low"] <= got["perplexity"] <= got["high"]
-    # (each side's resamples are the two documents in one mix: the interval's ends are the all-a and all-b means)
+    # (a resample of two documents: the interval's ends are the all-b and all-a resamples, per token -0.5 and +0.5)
     assert (got["ratio_low"], got["ratio_high"]) == pytest.approx((math.exp(-0.5), math.exp(0.5)), rel=1e-12)
     assert paired(mine[2:], base) is None and paired(mine, []) is None
     line = {**mine[0].to_dict(), "added_later": 1}

@@ -260,7 +260,8 @@ def paired(records: Iterable[PerplexityRecord], base: Iterable[PerplexityRecord]
     document (each document's NLL on both sides resampled together: what the documents share cancels), with 95%
     bootstrap intervals: ``documents``, ``tokens_scored``, ``perplexity`` (``low``, ``high``), ``ratio``
     (``ratio_low``, ``ratio_high``); None where they share no document. ``base``'s mean NLL is weighted by
-    ``records``' own target tokens (the same tokens where both score the same targets)."""
+    ``records``' own target tokens (the same tokens where both score the same targets). Either side may be anything
+    with ``document``, ``mean_nll`` and ``tokens_scored`` (records read back as plain objects)."""
     theirs = {r.document: r for r in base}
     units = [(r.mean_nll * r.tokens_scored, theirs[r.document].mean_nll * r.tokens_scored, r.tokens_scored)
              for r in records if r.document in theirs]
