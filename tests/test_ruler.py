@@ -223,6 +223,11 @@ def test_cli_eval_ruler_writes_scores_resumes_and_refuses_another_configuration(
     (["--tasks", "vt"], "--text-files: no task of --tasks vt takes its haystack from a text (those that do: "
                         "niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, niah_multiquery); leave "
                         "it out"),
+    (["--tasks", "niah_multikey_1"], ("--depths: no task of --tasks niah_multikey_1 places a needle at a depth "
+                                      "(those that do: niah_single_1, niah_single_2, niah_single_3); leave it out")),
+    (["--depths", "0,0.5,1"], ("--depths: 3 depths, one per trial in turn, but --trials 2 reaches the first 2; give "
+                               "--trials 3 or more, or fewer depths")),
+    (["blank"], "blank.txt for the haystack of niah_single_2; give a text"),
     (["--device", "auto"], "--device auto spreads the model over the GPUs (accelerate's device map), and this "
                            "machine "),
 ])
@@ -231,6 +236,10 @@ def test_cli_eval_ruler_refuses_bad_options_in_one_line(tmp_path, tiny_checkpoin
     if extra == ["binary"]:  # (a haystack text that is not UTF-8: named with its option)
         text = tmp_path / "bin.dat"
         text.write_bytes(b"\x00\x90\xff\xfe" * 10)
+        extra = []
+    if extra == ["blank"]:  # (a text of no words: refused before the model loads, not as "none was given")
+        text = tmp_path / "blank.txt"
+        text.write_text(" \n\t\n")
         extra = []
     assert _ruler(checkpoint, text, tmp_path / "bad", *extra) == 2
     assert message in capsys.readouterr().err

@@ -145,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         "%(default)s)"
     )
     ruler.add_argument(
-        "--depths", type=option(parse_depths), default="0,0.25,0.5,0.75,1", help="the single-needle tasks' needle "
-        "depths in [0, 1], one per trial in turn: the heatmap's rows (default: %(default)s)"
+        "--depths", type=option(parse_depths), default=None, help="the single-needle tasks' needle depths in "
+        "[0, 1], one per trial in turn: the heatmap's rows; at most --trials of them (default: 0,0.25,0.5,0.75,1; "
+        "fewer trials use the first)"
     )
     ruler.add_argument(
         "--threshold", type=option(percent), default=None, help="the score (0-100) a length must keep for the "

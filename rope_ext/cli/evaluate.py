@@ -38,6 +38,9 @@ from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SavedPatch, saved_with_patch
 from rope_ext.runs.specs import parse_methods
 
+#: ``rope-ext eval ruler``'s needle depths when --depths is not given
+RULER_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
 
 def check_out(out: str) -> None:
     """A folder an evaluation may write into: writable, and not a model's (``--overwrite`` would not be asked to
@@ -238,6 +241,10 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
         raise ValueError(f"--text-files: no task of --tasks {','.join(args.tasks)} takes its haystack from a text "
                          f"(those that do: {takers}); leave it out")
     words = haystack_words(args.text_files) if texts else []
+    if texts and not words:
+        raise ValueError(f"--text-files: no words in {', '.join(args.text_files)} for the haystack of "
+                         f"{', '.join(texts)}; give a text")
+    args.depths = ruler_depths(args.depths, args.tasks, args.trials)
     model, tokenizer, native = load_for_evaluation(args)
     fitting_defaults(model, args)
     limits = check_methods(model, args.methods, site_options, args.lengths)
@@ -268,6 +275,24 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
 
 def _length_or_below(length: int | None, lengths: list[int]) -> str:
     return f"<{min(lengths)}" if length is None else str(length)
+
+
+def ruler_depths(depths: list[float] | None, tasks: list[str], trials: int) -> list[float]:
+    """The single-needle tasks' depths, one per trial in turn: those given (refused where no task of the run takes a
+    depth, or where the trials would leave some unused), else ``RULER_DEPTHS`` (the first ``trials`` of them used:
+    a folder's later runs add trials at the rest)."""
+    from rope_ext.eval.ruler_tasks import TASKS
+
+    if depths is None:
+        return list(RULER_DEPTHS)
+    if not any(TASKS[t].takes_depth for t in tasks):
+        takers = ", ".join(t for t in TASKS if TASKS[t].takes_depth)
+        raise ValueError(f"--depths: no task of --tasks {','.join(tasks)} places a needle at a depth (those that "
+                         f"do: {takers}); leave it out")
+    if len(depths) > trials:
+        raise ValueError(f"--depths: {len(depths)} depths, one per trial in turn, but --trials {trials} reaches the "
+                         f"first {trials}; give --trials {len(depths)} or more, or fewer depths")
+    return depths
 
 
 def haystack_words(text_files: list[str] | None) -> list[str]:
