@@ -404,7 +404,7 @@ def test_methods_name_prints_each_options_declared_meaning_under_it(capsys):
         (["--lengths", "99999999999"], "argument --lengths: length '99999999999' is over 16777216 tokens"),
         (["--methods", ""], "argument --methods: give at least one method"),
         (["--methods", ","], "argument --methods: give at least one method"),
-        (["--threads", "abc"], "argument --threads: must be an integer >= 0, got 'abc'"),
+        (["--threads", "abc"], "argument --threads: must be an integer in [0, 1024], got 'abc'"),
         (["--threads", "100000"], "argument --threads: must be an integer in [0, 1024], got '100000'"),
         (["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
         (["--layer-types", ","], "argument --layer-types: give at least one layer type"),
@@ -463,7 +463,7 @@ def test_a_model_folder_without_a_tokenizer_is_an_error(tmp_path, tiny_checkpoin
     "extra, message",
     [
         (["--seed", "abc"], "argument --seed: must be an integer, got 'abc'"),
-        (["--trials", "abc"], "argument --trials: must be an integer >= 1, got 'abc'"),
+        (["--trials", "abc"], "argument --trials: must be an integer in [1, 10000], got 'abc'"),
         (["--trials", "1000000"], "argument --trials: must be an integer in [1, 10000], got '1000000'"),
         (["--depths", ""], "argument --depths: give at least one depth in [0, 1]"),
         (["--depths", "nan"], "argument --depths: malformed depth 'nan'"),

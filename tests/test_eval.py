@@ -620,7 +620,7 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
         (["--protocol", "sliding", "--stride", "-3"], "argument --stride: must be an integer >= 1, got '-3'"),
         (["--protocol", "sliding", "--stride", "64"], "--stride 64 must be at most the shortest of --lengths (32)"),
         (["--protocol", "nope"], "argument --protocol: invalid choice: 'nope'"),
-        (["--threads", "-1"], "argument --threads: must be an integer >= 0, got '-1'"),
+        (["--threads", "-1"], "argument --threads: must be an integer in [0, 1024], got '-1'"),
         (["--min-tokens", "-5"], "argument --min-tokens: malformed length '-5'; use a number of tokens"),
         (["--model", "{tmp}/no-model"], "--model '{tmp}/no-model': cannot load it (no such folder"),
         (["--model", "{tmp}"], "--model '{tmp}': cannot load it (a folder: "),
@@ -659,7 +659,7 @@ def test_cli_corrected_rerun_after_a_failure_is_not_blocked(tmp_path, tiny_check
     [
         (["--depths", "abc"], "argument --depths: malformed depth 'abc'; give comma-separated numbers in [0, 1]"),
         (["--depths", "0.5,2"], "argument --depths: malformed depth '2'; give comma-separated numbers in [0, 1]"),
-        (["--trials", "0"], "argument --trials: must be an integer >= 1, got '0'"),
+        (["--trials", "0"], "argument --trials: must be an integer in [1, 10000], got '0'"),
         (["--lengths", "10"], "--lengths: length 10 is too short for the passkey prompt"),
         (["--methods", "none,yarn:factor"], "argument --methods: malformed method option 'factor' in 'yarn:factor'"),
     ],

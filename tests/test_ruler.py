@@ -217,6 +217,7 @@ def test_cli_eval_ruler_writes_scores_resumes_and_refuses_another_configuration(
 @pytest.mark.parametrize(("extra", "message"), [
     (["--tasks", "niah"], "argument --tasks: unknown task 'niah'; valid tasks: all, niah_single_1,"),
     (["--threshold", "101"], "argument --threshold: must be a score in [0, 100] (RULER's scale, e.g. 85.6), got '101'"),
+    (["--tasks", ""], "argument --tasks: give at least one task, or all: niah_single_1, "),
     (["--tasks", "all,vt"], "argument --tasks: 'all' stands alone (every task); got 'all,vt'"),
     (["--lengths", "256"], "length 256 is too short for RULER's vt: "),
     (["binary"], "--text-files: "),

@@ -436,7 +436,8 @@ def test_an_empty_item_in_a_list_flag_is_refused(tmp_path, capsys, argv):
     present.write_text("words " * 50)
     argv = [arg.format(present=present) for arg in argv]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
-    assert "(two commas in a row, or one at an end); give each name once" in capsys.readouterr().err
+    assert "(two commas in a row, or one at an end); give the names with one comma between each two" in \
+        capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -61,9 +61,11 @@ def task_list(text: str) -> list[str]:
         return list(TASKS)
     if "all" in names:
         raise ValueError(f"'all' stands alone (every task); got {text!r}")
+    if not names:
+        raise ValueError(f"give at least one task, or all: {', '.join(TASKS)}")
     unknown = [name for name in names if name not in TASKS]
-    if unknown or not names:
-        raise ValueError(f"unknown task {(unknown or [text])[0]!r}; valid tasks: all, {', '.join(TASKS)}")
+    if unknown:
+        raise ValueError(f"unknown task {unknown[0]!r}; valid tasks: all, {', '.join(TASKS)}")
     twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
     if twice is not None:
         raise ValueError(f"task {twice!r} is given twice in {text!r}; give each task once, e.g. niah_single_1,vt "
@@ -140,10 +142,10 @@ def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             value = low - 1
+        if high is not None and not low <= value <= high:  # (the whole range, whichever end is crossed)
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {text!r}")
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {text!r}")
         return value
 
     convert.__name__ = f"integer >= {low}"

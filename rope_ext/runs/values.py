@@ -46,7 +46,8 @@ def comma_items(text: str, item: str) -> list[str]:
     if not any(parts):
         return []
     if not all(parts):
-        raise ValueError(f"an empty {item} in {text!r} (two commas in a row, or one at an end); give each {item} once")
+        raise ValueError(f"an empty {item} in {text!r} (two commas in a row, or one at an end); give the {item}s with "
+                         "one comma between each two")
     return parts
 
 
