@@ -300,3 +300,13 @@ def test_summary_rows_are_in_one_order_whatever_the_order_of_the_records():
     assert [(r["method"], r["task"]) for r in given[:3]] == [("yarn", "vt"), ("yarn", "niah_single_1"),
                                                              ("yarn", "average")]
 
+
+
+def test_the_default_depths_are_five_quarters_whatever_the_trials():
+    """Without --depths: 0, 0.25, 0.5, 0.75, 1 (the first ``trials`` used; a folder's later runs add the rest), for
+    any tasks; given depths come back as given."""
+    from rope_ext.cli.evaluate import ruler_depths
+
+    for trials in (1, 2, 5, 9):
+        assert ruler_depths(None, ["fwe"], trials) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert ruler_depths([0.1, 0.9], ["niah_single_1", "vt"], 2) == [0.1, 0.9]
