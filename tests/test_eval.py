@@ -202,6 +202,9 @@ def test_lengths_take_an_m_suffix_as_they_take_k_and_a_bad_suffix_is_named(tmp_p
         parse_lengths("4k,32g")
     with pytest.raises(ValueError, match=r"^length '17M' is over 16777216 tokens \(16M\), the most a run takes$"):
         parse_length("17M")
+    for negative in ("-5", " -4k", "- 2"):  # a sign is a value too small, not a malformed length
+        with pytest.raises(ValueError, match=rf"^length must be at least 2 tokens, got '{negative}'$"):
+            parse_length(negative)
     assert main(["eval", "ppl", "--lengths", "1kb", "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == ("rope-ext: error: argument --lengths: malformed length '1kb': unknown suffix "
                                        "'kb'; use k (x1024) or M (x1048576), e.g. 4k or 1M (see rope-ext eval ppl "
@@ -621,7 +624,8 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
         (["--protocol", "sliding", "--stride", "64"], "--stride 64 must be at most the shortest of --lengths (32)"),
         (["--protocol", "nope"], "argument --protocol: invalid choice: 'nope'"),
         (["--threads", "-1"], "argument --threads: must be an integer in [0, 1024], got '-1'"),
-        (["--min-tokens", "-5"], "argument --min-tokens: malformed length '-5'; use a number of tokens"),
+        (["--min-tokens", "-5"], ("argument --min-tokens: must be 0 (no minimum) or a length of at least 2 tokens, "
+                                   "got '-5'")),
         (["--model", "{tmp}/no-model"], "--model '{tmp}/no-model': cannot load it (no such folder"),
         (["--model", "{tmp}"], "--model '{tmp}': cannot load it (a folder: "),
         (["--out", "{file}"], "argument --out: '{file}' is a file; give a folder"),

@@ -96,6 +96,8 @@ def length_list(text: str) -> list[int]:
 
 
 def min_tokens(text: str) -> int:
+    if text.strip().startswith("-"):
+        raise ValueError(f"must be 0 (no minimum) or a length of at least 2 tokens, got {text!r}")
     return 0 if text.strip() == "0" else parse_length(text)
 
 

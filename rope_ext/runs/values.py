@@ -26,6 +26,8 @@ LENGTH_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20}
 def parse_length(text: str) -> int:
     """``"16k"`` -> 16384, ``"1M"`` -> 1048576, ``"1500"`` -> 1500."""
     match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match and re.fullmatch(r"\s*-\s*\d+\s*[a-zA-Z]*\s*", text):
+        raise ValueError(f"length must be at least 2 tokens, got {text!r}")
     if not match:
         raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096, 4k or 1M")
     if match[2].lower() not in LENGTH_SUFFIXES:
