@@ -215,6 +215,24 @@ def test_an_interrupted_evaluation_says_its_records_are_kept(tmp_path, capsys, m
     assert capsys.readouterr().err.strip() == "rope-ext: interrupted (records written so far are kept: re-run to resume)"
 
 
+@pytest.mark.parametrize("command", ["ppl", "passkey", "ruler"])
+def test_saved_asked_of_a_model_saved_without_a_patch_is_refused_before_it_loads(checkpoint, tmp_path, capsys,
+                                                                                   monkeypatch, command):
+    import rope_ext.cli.evaluate
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(rope_ext.cli.evaluate, "load_for_evaluation", loaded)
+    message = ("rope-ext: error: --methods: method 'saved' evaluates the patch a model was saved with; this model was "
+               "saved without one (give the methods to apply instead)")
+    for model in ("default", str(checkpoint[0])):  # (the checkpoint's config.json records no patch)
+        assert main(["eval", command, "--model", model, "--methods", "none,saved", "--out", str(tmp_path / model[-3:]),
+                     "--no-plot"]) == 2
+        assert capsys.readouterr().err.splitlines()[0] == message
+        assert not (tmp_path / model[-3:]).exists()
+
+
 def test_help_names_every_architecture_train_builds_and_the_model_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -35,7 +35,7 @@ from rope_ext.eval.run import (
 from rope_ext.families.base import find_family
 from rope_ext.runs.folder import holds_model, normalised, resolved, writable_folder
 from rope_ext.runs.results import ResultStore
-from rope_ext.runs.saved import SavedPatch, saved_with_patch
+from rope_ext.runs.saved import SAVED_WITHOUT_PATCH, SavedPatch, saved_with_patch, saved_without_patch
 from rope_ext.runs.specs import parse_methods
 
 #: ``rope-ext eval ruler``'s needle depths when --depths is not given
@@ -56,6 +56,9 @@ def choose_methods(args: argparse.Namespace) -> None:
     """``--methods`` left out: ``saved`` on a local model folder saved with a patch (a fine-tune, a ``rope-ext train``
     run: evaluated as trained), else the command's default list."""
     if args.methods is not None:
+        if any(isinstance(configs, SavedPatch) for configs in args.methods.values()) and saved_without_patch(
+                args.model):  # (known from its config.json: refused before the model loads)
+            raise ValueError(f"--methods: {SAVED_WITHOUT_PATCH}")
         return
     if saved_with_patch(args.model):
         args.methods = parse_methods(SavedPatch.SPEC)

@@ -28,17 +28,37 @@ class SavedPatch(list):
 _SAVED_STATE = "_rope_ext_saved_state"
 
 
-def saved_with_patch(model: str) -> bool:
-    """Whether ``model`` is a local folder whose ``config.json`` records a rope_ext patch (saved while patched: a
-    fine-tune, a ``rope-ext train`` run, ``save_pretrained`` of a patched model); read without loading it."""
+#: ``saved`` asked of a model saved without a patch
+SAVED_WITHOUT_PATCH = (f"method {SavedPatch.SPEC!r} evaluates the patch a model was saved with; this model was saved "
+                       "without one (give the methods to apply instead)")
+
+
+def _local_config(model: str) -> dict | None:
+    """A local model folder's ``config.json`` as read (``None``: not a local folder with one that reads as a
+    dict; the load names what is wrong with it)."""
     path = Path(model) / "config.json"
     if model == "default" or not os.path.isdir(model) or not path.is_file():
-        return False
+        return None
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False  # (the load names what is wrong with it)
-    return isinstance(config, dict) and isinstance(config.get(CONFIG_KEY), dict)
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def saved_with_patch(model: str) -> bool:
+    """Whether ``model`` is a local folder whose ``config.json`` records a rope_ext patch (saved while patched: a
+    fine-tune, a ``rope-ext train`` run, ``save_pretrained`` of a patched model); read without loading it."""
+    config = _local_config(model)
+    return config is not None and isinstance(config.get(CONFIG_KEY), dict)
+
+
+def saved_without_patch(model: str) -> bool:
+    """Whether ``model`` is known, without loading it, to hold no rope_ext patch: the default model, or a local
+    folder whose ``config.json`` records none (a hub name, or a folder that does not read, is known only once
+    loaded)."""
+    config = _local_config(model)
+    return model == "default" or (config is not None and not isinstance(config.get(CONFIG_KEY), dict))
 
 
 def keep_saved_patch(model: nn.Module, methods: dict[str, list[MethodConfig]] | None = None) -> list[MethodConfig]:
@@ -49,10 +69,7 @@ def keep_saved_patch(model: nn.Module, methods: dict[str, list[MethodConfig]] | 
     asked = [configs for configs in (methods or {}).values() if isinstance(configs, SavedPatch)]
     if found is None:
         if asked:
-            raise ValueError(
-                f"method {SavedPatch.SPEC!r} evaluates the patch a model was saved with; this model was saved without "
-                "one (give the methods to apply instead)"
-            )
+            raise ValueError(SAVED_WITHOUT_PATCH)
         return []
     configs = list(found) if isinstance(found, tuple) else [found]
     container = container_of(model)
