@@ -217,7 +217,9 @@ def report(out: str, seeds_from: str | None = None) -> dict:
         if rows:
             lines += ["", f"| model | context | {heading} (95%, paired) | windows |", "|---|---:|---:|---:|", *rows]
     if any(retrieval.values()):
-        lines += ["", "| model | method | context | key at depth | found (95% Wilson) |", "|---|---|---:|---:|---:|"]
+        lines += ["", "Retrieval: `rope-ext eval passkey`, the key in its repeated filler sentences (not the report "
+                  "texts).", "", "| model | method | context | key at depth | found (95% Wilson) |",
+                  "|---|---|---:|---:|---:|"]
     for name, cells in retrieval.items():
         for cell, hits in cells.items():
             method, length, depth = cell.rsplit(" ", 2)
