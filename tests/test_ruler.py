@@ -247,6 +247,44 @@ def test_cli_eval_ruler_refuses_bad_options_in_one_line(tmp_path, tiny_checkpoin
     assert not (tmp_path / "bad" / "ruler_records.jsonl").exists()
 
 
+@pytest.mark.parametrize(("command", "message"), [
+    (["eval", "ruler", "--lengths", "256"], "rope-ext: error: length 256 is too short for RULER's vt: "),
+    (["eval", "passkey", "--lengths", "10"], ("rope-ext: error: --lengths: length 10 is too short for the passkey "
+                                              "prompt (")),
+])
+def test_a_length_too_short_for_the_prompt_is_refused_with_the_tokenizer_alone(tmp_path, tiny_checkpoint, capsys,
+                                                                               monkeypatch, command, message):
+    import rope_ext.cli.evaluate
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    checkpoint, _ = tiny_checkpoint
+    monkeypatch.setattr(rope_ext.cli.evaluate, "load_for_evaluation", loaded)
+    extra = ["--tasks", "vt", "--trials", "1"] if command[1] == "ruler" else []
+    assert main([*command, *extra, "--model", str(checkpoint), "--methods", "none", "--out", str(tmp_path / "run"),
+                 "--no-plot"]) == 2
+    assert capsys.readouterr().err.startswith(message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_loaded_early_is_the_one_the_evaluation_uses(tiny_checkpoint, monkeypatch):
+    """The tokenizer that measured the lengths before the model loaded is handed on (not loaded twice)."""
+    import argparse
+
+    import rope_ext.runs.models
+    from rope_ext.eval.plan import early_tokenizer, load_for_evaluation
+
+    checkpoint, _ = tiny_checkpoint
+    args = argparse.Namespace(model=str(checkpoint), threads=0, dtype="float32", evaluation="ruler", methods={})
+    early = early_tokenizer(args)
+    assert early is not None
+    assert early_tokenizer(argparse.Namespace(model=str(checkpoint) + "-missing")) is None  # (the load names why)
+    monkeypatch.setattr(rope_ext.runs.models, "load_tokenizer", lambda *a, **k: pytest.fail("loaded twice"))
+    _, tokenizer, _ = load_for_evaluation(args, early)
+    assert tokenizer is early
+
+
 def test_ruler_json_holds_the_effective_lengths_with_their_threshold_and_its_source(tmp_path, tiny_checkpoint):
     checkpoint, _ = tiny_checkpoint
     out = tmp_path / "ruler"

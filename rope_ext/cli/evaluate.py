@@ -17,6 +17,7 @@ from rope_ext.eval.plan import (
     PPL_MAY_CHANGE,
     check_ppl_options,
     common_run_config,
+    early_tokenizer,
     load_for_evaluation,
     moved_windows,
     perplexity_run,
@@ -196,14 +197,12 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
     choose_methods(args)
     site_options = site_options_of(args)  # (checked before the model loads)
     store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
-    model, tokenizer, native = load_for_evaluation(args)
+    early = early_tokenizer(args)
+    if early is not None:  # (the shortest length measured before the model loads)
+        check_passkey_length(args.lengths[0], early)
+    model, tokenizer, native = load_for_evaluation(args, early)
     fitting_defaults(model, args)
-    overhead = prompt_overhead(tokenizer) + ANSWER_POSITIONS
-    if args.lengths[0] < overhead:
-        raise ValueError(
-            f"--lengths: length {args.lengths[0]} is too short for the passkey prompt ({overhead} tokens before "
-            f"any filler, the answer's {ANSWER_POSITIONS} included)"
-        )
+    check_passkey_length(args.lengths[0], tokenizer)
     limits = check_methods(model, args.methods, site_options, args.lengths)
     for line in left_out(limits, args.methods, args.lengths):
         print(line)
@@ -227,6 +226,23 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_passkey_length(length: int, tokenizer: object) -> None:
+    overhead = prompt_overhead(tokenizer) + ANSWER_POSITIONS
+    if length < overhead:
+        raise ValueError(f"--lengths: length {length} is too short for the passkey prompt ({overhead} tokens before "
+                         f"any filler, the answer's {ANSWER_POSITIONS} included)")
+
+
+def check_ruler_lengths(args: argparse.Namespace, tokenizer: object, words: list[str]) -> None:
+    """Each task's first sample at the shortest length, drawn with the tokenizer alone: a length too short for a
+    task's prompt is refused before the model loads (``run_ruler`` draws the same sample again)."""
+    from rope_ext.eval.ruler import trial_depth
+    from rope_ext.eval.ruler_tasks import TASKS, make_sample
+
+    for task in args.tasks:
+        make_sample(TASKS[task], tokenizer, args.lengths[0], args.seed, 0, words, trial_depth(task, 0, args.depths))
+
+
 def cmd_eval_ruler(args: argparse.Namespace) -> int:
     from rope_ext.eval.ruler import effective_lengths, run_ruler
     from rope_ext.eval.ruler_tasks import TASKS
@@ -248,7 +264,10 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
         raise ValueError(f"--text-files: no words in {', '.join(args.text_files)} for the haystack of "
                          f"{', '.join(texts)}; give a text")
     args.depths = ruler_depths(args.depths, args.tasks, args.trials)
-    model, tokenizer, native = load_for_evaluation(args)
+    early = early_tokenizer(args)
+    if early is not None:
+        check_ruler_lengths(args, early, words)
+    model, tokenizer, native = load_for_evaluation(args, early)
     fitting_defaults(model, args)
     limits = check_methods(model, args.methods, site_options, args.lengths)
     for line in left_out(limits, args.methods, args.lengths):

@@ -23,15 +23,26 @@ from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
 from rope_ext.runs.saved import keep_saved_patch
 
 
-def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, int | None]:
+def early_tokenizer(args: argparse.Namespace) -> Any:
+    """``args.model``'s tokenizer loaded alone, before the model, for checks that need only it (a length too short
+    for a prompt); ``None`` where it does not load alone (``load_for_evaluation`` then names why)."""
+    from rope_ext.runs.models import load_tokenizer
+
+    try:
+        return load_tokenizer(args.model, beside_model=True)
+    except (OSError, ValueError):
+        return None
+
+
+def load_for_evaluation(args: argparse.Namespace, tokenizer: Any = None) -> tuple[Any, Any, int | None]:
     """``(model, tokenizer, native context)`` of ``args.model``, checked against the protocol; a model saved while
-    patched is unpatched first (its patch kept for the spec ``saved``)."""
+    patched is unpatched first (its patch kept for the spec ``saved``). ``tokenizer``: ``early_tokenizer``'s."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = getattr(args, "device", "cpu")
     check_device(device)  # (before the model loads)
     try:
-        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), tokenizer=tokenizer)
     except (MissingTokenizer, UnfinishedRun) as error:
         raise ValueError(f"--model {error}") from None
     except (OSError, ValueError) as error:

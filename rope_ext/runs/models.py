@@ -50,12 +50,14 @@ def load_default_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
-def load_default_model(dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> tuple[nn.Module, Any]:
-    """SmolLM2-135M-Instruct (Llama architecture, native context 8192), offline, dequantised to ``dtype``."""
+def load_default_model(dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+                       tokenizer: Any = None) -> tuple[nn.Module, Any]:
+    """SmolLM2-135M-Instruct (Llama architecture, native context 8192), offline, dequantised to ``dtype``; with its
+    tokenizer (``tokenizer``: one loaded already, by ``load_default_tokenizer``)."""
     from transformers import AutoModelForCausalLM
 
     folder, name = default_model_path()
-    tokenizer = load_default_tokenizer()
+    tokenizer = load_default_tokenizer() if tokenizer is None else tokenizer
     model = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=name, dtype=dtype, attn_implementation=attn_implementation
     )
@@ -128,17 +130,18 @@ def _lacks_tokenizer(name: str) -> bool:
     return folder.is_dir() and not any((folder / file).exists() for file in TOKENIZER_FILES)
 
 
-def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """``"default"`` (the embedded SmolLM2), a local folder or a hub id (online only), with its tokenizer.
+def load_model(name: str, dtype: torch.dtype = torch.float32, tokenizer: Any = None) -> tuple[nn.Module, Any]:
+    """``"default"`` (the embedded SmolLM2), a local folder or a hub id (online only), with its tokenizer
+    (``tokenizer``: ``load_tokenizer(name, beside_model=True)`` called already).
 
     A folder saved while patched comes back patched (see ``from_pretrained``); a ``rope-ext finetune`` folder comes
     back as its patched base with the adapter merged in.
     """
     if name == "default":
-        return load_default_model(dtype=dtype)
+        return load_default_model(dtype=dtype, tokenizer=tokenizer)
     model = load_finetuned(name, dtype=dtype) if is_finetune_folder(name) else from_pretrained(name, dtype=dtype)
     model.eval()
-    return model, load_tokenizer(name, beside_model=True)
+    return model, load_tokenizer(name, beside_model=True) if tokenizer is None else tokenizer
 
 
 #: ``from_pretrained`` keyword arguments that locate the files: the config and the weights both need them.
