@@ -626,7 +626,10 @@ def test_cli_resumed_runs_keep_their_targets_or_are_refused(tmp_path, tiny_check
         (["--threads", "-1"], "argument --threads: must be an integer in [0, 1024], got '-1'"),
         (["--min-tokens", "-5"], ("argument --min-tokens: must be 0 (no minimum) or a length of at least 2 tokens, "
                                    "got '-5'")),
-        (["--model", "{tmp}/no-model"], "--model '{tmp}/no-model': cannot load it (no such folder"),
+        (["--min-tokens", "1"], ("argument --min-tokens: must be 0 (no minimum) or a length of at least 2 tokens, "
+                                  "got '1'")),
+        (["--model", "{tmp}/no-model"], ("--model '{tmp}/no-model': cannot load it (no such folder: nor is it a hub id (a "
+                                          "name, or owner/name)); give 'default', a folder")),
         (["--model", "{tmp}"], "--model '{tmp}': cannot load it (a folder: "),
         (["--out", "{file}"], "argument --out: '{file}' is a file; give a folder"),
         (["--dataset", "{tmp}/no-data"], "--dataset '{tmp}/no-data': "),

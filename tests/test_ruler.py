@@ -248,7 +248,7 @@ def test_cli_eval_ruler_refuses_bad_options_in_one_line(tmp_path, tiny_checkpoin
 
 
 @pytest.mark.parametrize(("command", "message"), [
-    (["eval", "ruler", "--lengths", "256"], "rope-ext: error: length 256 is too short for RULER's vt: "),
+    (["eval", "ruler", "--lengths", "256"], "rope-ext: error: --lengths: length 256 is too short for RULER's vt: "),
     (["eval", "passkey", "--lengths", "10"], ("rope-ext: error: --lengths: length 10 is too short for the passkey "
                                               "prompt (")),
 ])

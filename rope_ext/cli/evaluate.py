@@ -240,7 +240,10 @@ def check_ruler_lengths(args: argparse.Namespace, tokenizer: object, words: list
     from rope_ext.eval.ruler_tasks import TASKS, make_sample
 
     for task in args.tasks:
-        make_sample(TASKS[task], tokenizer, args.lengths[0], args.seed, 0, words, trial_depth(task, 0, args.depths))
+        try:
+            make_sample(TASKS[task], tokenizer, args.lengths[0], args.seed, 0, words, trial_depth(task, 0, args.depths))
+        except ValueError as error:
+            raise ValueError(f"--lengths: {error}") from None
 
 
 def cmd_eval_ruler(args: argparse.Namespace) -> int:

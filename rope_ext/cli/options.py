@@ -96,9 +96,14 @@ def length_list(text: str) -> list[int]:
 
 
 def min_tokens(text: str) -> int:
-    if text.strip().startswith("-"):
-        raise ValueError(f"must be 0 (no minimum) or a length of at least 2 tokens, got {text!r}")
-    return 0 if text.strip() == "0" else parse_length(text)
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_length(text)
+    except ValueError as error:
+        if str(error).startswith("length must be at least 2 tokens"):  # (1, or a negative length)
+            raise ValueError(f"must be 0 (no minimum) or a length of at least 2 tokens, got {text!r}") from None
+        raise
 
 
 def file_list(text: str) -> list[str]:

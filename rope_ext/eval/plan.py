@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ def load_for_evaluation(args: argparse.Namespace, tokenizer: Any = None) -> tupl
             raise
         found = "a folder" if Path(args.model).is_dir() else "no such folder, nor a hub model available"
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if not Path(args.model).is_dir() and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.model):
+            found, reason = "no such folder", "nor is it a hub id (a name, or owner/name)"  # (the hub's says less)
         raise ValueError(
             f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
             "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
