@@ -168,6 +168,13 @@ def report(out: str, seeds_from: str | None = None) -> dict:
         methods = {r["method"] for r in rows}
         mine = [r for r in rows if r["method"] != "none" or methods == {"none"}]
         short[name] = by_length(mine, none, same_length=True)
+    def here_or_there(stage: str) -> list[dict]:  # (a stage's records here, else of the run the seeds came from)
+        return records(out, stage, "ppl") or (records(seeds_from, stage, "ppl") if seeds_from else [])
+
+    # (the tax inside the window against the fine-tune on the same data with no extension, at each short context)
+    lora_short = here_or_there("short_lora_none")
+    against_lora_short = {f"seed {seed}": by_length(here_or_there(f"short_seed{seed}"), lora_short, same_length=True)
+                          for seed in SEEDS} if lora_short else {}
     retrieval = {}
     for name, stage in RETRIEVAL_ROWS.items():
         cells: dict[str, list[bool]] = {}
@@ -192,7 +199,8 @@ def report(out: str, seeds_from: str | None = None) -> dict:
         cells = {name: cell for name, cell in cells.items() if cell}  # (None: no window scored on both sides)
         if cells:
             against_seeds[f"{method}, training-free"] = cells
-    result = {"protocol": used, "long": long, "against_lora_8k": against_lora, "short": short, "retrieval": retrieval,
+    result = {"protocol": used, "long": long, "against_lora_8k": against_lora, "short": short,
+              "against_lora_short": against_lora_short, "retrieval": retrieval,
               "training_free_against_seeds_32k": against_seeds, "seeds_from": seeds_from}
     with open(os.path.join(out, "report.json"), "w") as handle:
         json.dump(result, handle, indent=1)
@@ -210,7 +218,8 @@ def report(out: str, seeds_from: str | None = None) -> dict:
         lines += [f"| {name} / {seed} | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-{cell['ratio_high']:.3f}) | "
                   f"{cell['windows']} |" for name, cells in against_seeds.items() for seed, cell in cells.items()]
     for heading, table in (("x plain LoRA (none) at 8k, same data", against_lora),
-                           ("x unpatched at that context", short)):
+                           ("x unpatched at that context", short),
+                           ("x plain LoRA (none) at that context, same data", against_lora_short)):
         rows = [f"| {name} | {int(length) // 1024}k | {cell['ratio']:.3f} ({cell['ratio_low']:.3f}-"
                 f"{cell['ratio_high']:.3f}) | {cell['windows']} |"
                 for name, cells in table.items() for length, cell in cells.items() if cell]

@@ -141,6 +141,31 @@ def test_the_training_free_rows_pair_with_the_unpatched_8k_and_each_seed_of_anot
     assert f"| {row} / seed 0 | 0.779 (" in (here / "report.md").read_text()
 
 
+def test_the_short_check_pairs_each_seed_with_the_plain_lora_at_each_context_here_or_where_the_seeds_ran(proof,
+                                                                                                        tmp_path):
+    """The recipe's tax inside the window against the fine-tune on the same data with no extension: each seed's short
+    check (here, else in ``--seeds-from``) paired with the baseline's at the same context."""
+    here, there = tmp_path / "cpu", tmp_path / "gpu"
+    for folder in (here, there):
+        folder.mkdir()
+        (folder / "protocol.json").write_text(json.dumps(proof.protocol()))
+
+    def window(doc: str, nll: float, length: int) -> dict:
+        return {"method": "x", "document": doc, "length": length, "mean_nll": nll, "tokens_scored": 100}
+
+    _write(here, "short_lora_none", "ppl", [window(d, 2.0, L) for d in "ab" for L in (1024, 4096)])
+    _write(here, "short_seed2", "ppl", [window("a", 2.1, 1024), window("b", 2.1, 1024), window("a", 2.2, 4096)])
+    _write(there, "short_seed0", "ppl", [window(d, 1.9, L) for d in "ab" for L in (1024, 4096)])
+    _write(there, "short_seed2", "ppl", [window(d, 9.0, L) for d in "ab" for L in (1024, 4096)])  # (here's wins)
+    assert proof.report(str(there))["against_lora_short"] == {}  # (no baseline there)
+    against = proof.report(str(here), str(there))["against_lora_short"]
+    assert math.isclose(against["seed 0"]["1024"]["ratio"], math.exp(-0.1))
+    assert math.isclose(against["seed 2"]["1024"]["ratio"], math.exp(0.1)) and against["seed 2"]["1024"]["windows"] == 2
+    assert math.isclose(against["seed 2"]["4096"]["ratio"], math.exp(0.2)) and against["seed 2"]["4096"]["windows"] == 1
+    assert against["seed 1"] == {}  # (ran nowhere)
+    assert "| seed 2 | 4k | 1.221 (" in (here / "report.md").read_text()
+
+
 def test_only_skips_done_stages_unless_redo_and_redo_needs_only(proof, tmp_path, monkeypatch, capsys):
     (tmp_path / "protocol.json").write_text(json.dumps(proof.protocol()))
     for name in ("corpus", "ppl_none"):
