@@ -168,6 +168,7 @@ def report(out: str, seeds_from: str | None = None) -> dict:
         methods = {r["method"] for r in rows}
         mine = [r for r in rows if r["method"] != "none" or methods == {"none"}]
         short[name] = by_length(mine, none, same_length=True)
+
     def here_or_there(stage: str) -> list[dict]:  # (a stage's records here, else of the run the seeds came from)
         return records(out, stage, "ppl") or (records(seeds_from, stage, "ppl") if seeds_from else [])
 
