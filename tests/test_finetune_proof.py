@@ -113,17 +113,24 @@ def test_the_report_pairs_windows_and_keeps_a_stopped_retrievals_trials(proof, t
     assert "x plain LoRA" in text and "x unpatched at that context" not in text  # (no short check ran: no table)
 
 
-def test_the_training_free_rows_pair_with_the_unpatched_8k_and_each_seed_of_another_run(proof, tmp_path):
-    """A training-free row against the unpatched model's 8k here, and against each seed's 32k windows of another run
-    of the protocol (``--seeds-from``: the seeds ran on a GPU, the training-free rows here)."""
+def _two_runs(proof, tmp_path: Path) -> tuple[Path, Path]:
+    """Two folders of the same protocol: this CPU's run and the one the seeds came from (``--seeds-from``)."""
     here, there = tmp_path / "cpu", tmp_path / "gpu"
     for folder in (here, there):
         folder.mkdir()
         (folder / "protocol.json").write_text(json.dumps(proof.protocol()))
+    return here, there
 
-    def window(doc: str, nll: float, length: int) -> dict:
-        return {"method": "x", "document": doc, "length": length, "mean_nll": nll, "tokens_scored": 100}
 
+def _window(doc: str, nll: float, length: int) -> dict:
+    return {"method": "x", "document": doc, "length": length, "mean_nll": nll, "tokens_scored": 100}
+
+
+def test_the_training_free_rows_pair_with_the_unpatched_8k_and_each_seed_of_another_run(proof, tmp_path):
+    """A training-free row against the unpatched model's 8k here, and against each seed's 32k windows of another run
+    of the protocol (``--seeds-from``: the seeds ran on a GPU, the training-free rows here)."""
+    here, there = _two_runs(proof, tmp_path)
+    window = _window
     _write(here, "ppl_none", "ppl", [window("a", 2.0, 8192), window("b", 3.0, 8192)])
     _write(here, "ppl_dca_chunk8k", "ppl", [window("a", 2.0, 8192), window("b", 3.0, 8192), window("a", 2.05, 32768),
                                             window("b", 3.05, 32768)])
@@ -145,14 +152,8 @@ def test_the_short_check_pairs_each_seed_with_the_plain_lora_at_each_context_her
                                                                                                         tmp_path):
     """The recipe's tax inside the window against the fine-tune on the same data with no extension: each seed's short
     check (here, else in ``--seeds-from``) paired with the baseline's at the same context."""
-    here, there = tmp_path / "cpu", tmp_path / "gpu"
-    for folder in (here, there):
-        folder.mkdir()
-        (folder / "protocol.json").write_text(json.dumps(proof.protocol()))
-
-    def window(doc: str, nll: float, length: int) -> dict:
-        return {"method": "x", "document": doc, "length": length, "mean_nll": nll, "tokens_scored": 100}
-
+    here, there = _two_runs(proof, tmp_path)
+    window = _window
     _write(here, "short_lora_none", "ppl", [window(d, 2.0, L) for d in "ab" for L in (1024, 4096)])
     _write(here, "short_seed2", "ppl", [window("a", 2.1, 1024), window("b", 2.1, 1024), window("a", 2.2, 4096)])
     _write(there, "short_seed0", "ppl", [window(d, 1.9, L) for d in "ab" for L in (1024, 4096)])
