@@ -14,6 +14,7 @@ from rope_ext.runs.devices import parse_device
 from rope_ext.runs.folder import writable_folder
 from rope_ext.runs.specs import parse_methods
 from rope_ext.runs.values import (
+    LengthTooShort,
     comma_items,
     field_kinds,
     name_list,
@@ -100,10 +101,8 @@ def min_tokens(text: str) -> int:
         return 0
     try:
         return parse_length(text)
-    except ValueError as error:
-        if str(error).startswith("length must be at least 2 tokens"):  # (1, or a negative length)
-            raise ValueError(f"must be 0 (no minimum) or a length of at least 2 tokens, got {text!r}") from None
-        raise
+    except LengthTooShort:  # (1, or a negative length)
+        raise ValueError(f"must be 0 (no minimum) or a length of at least 2 tokens, got {text!r}") from None
 
 
 def file_list(text: str) -> list[str]:

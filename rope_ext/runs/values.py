@@ -23,11 +23,15 @@ MAX_LENGTH = 1 << 24
 LENGTH_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20}
 
 
+class LengthTooShort(ValueError):
+    """A well-formed length below 2 tokens (0, 1, or negative)."""
+
+
 def parse_length(text: str) -> int:
     """``"16k"`` -> 16384, ``"1M"`` -> 1048576, ``"1500"`` -> 1500."""
     match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
     if not match and re.fullmatch(r"\s*-\s*\d+\s*[a-zA-Z]*\s*", text):
-        raise ValueError(f"length must be at least 2 tokens, got {text!r}")
+        raise LengthTooShort(f"length must be at least 2 tokens, got {text!r}")
     if not match:
         raise ValueError(f"malformed length {text!r}; use a number of tokens such as 4096, 4k or 1M")
     if match[2].lower() not in LENGTH_SUFFIXES:
@@ -35,7 +39,7 @@ def parse_length(text: str) -> int:
                          "e.g. 4k or 1M")
     value = int(match[1]) * LENGTH_SUFFIXES[match[2].lower()]
     if value < 2:
-        raise ValueError(f"length must be at least 2 tokens, got {text!r}")
+        raise LengthTooShort(f"length must be at least 2 tokens, got {text!r}")
     if value > MAX_LENGTH:
         raise ValueError(f"length {text!r} is over {MAX_LENGTH} tokens ({MAX_LENGTH >> 20}M), the most a run takes")
     return value
