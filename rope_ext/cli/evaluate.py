@@ -202,7 +202,6 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
         check_passkey_length(args.lengths[0], early)
     model, tokenizer, native = load_for_evaluation(args, early)
     fitting_defaults(model, args)
-    check_passkey_length(args.lengths[0], tokenizer)
     limits = check_methods(model, args.methods, site_options, args.lengths)
     for line in left_out(limits, args.methods, args.lengths):
         print(line)
@@ -268,7 +267,7 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
                          f"{', '.join(texts)}; give a text")
     args.depths = ruler_depths(args.depths, args.tasks, args.trials)
     early = early_tokenizer(args)
-    if early is not None:
+    if early is not None:  # (the shortest length measured before the model loads)
         check_ruler_lengths(args, early, words)
     model, tokenizer, native = load_for_evaluation(args, early)
     fitting_defaults(model, args)

@@ -26,7 +26,8 @@ from rope_ext.runs.saved import keep_saved_patch
 
 def early_tokenizer(args: argparse.Namespace) -> Any:
     """``args.model``'s tokenizer loaded alone, before the model, for checks that need only it (a length too short
-    for a prompt); ``None`` where it does not load alone (``load_for_evaluation`` then names why)."""
+    for a prompt); ``None`` where it does not load: ``load_model`` loads it the same way, so ``load_for_evaluation``
+    then fails and names why."""
     from rope_ext.runs.models import load_tokenizer
 
     try:
