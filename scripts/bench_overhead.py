@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode_tokens_per_second": decode[spec],
             "decode_ratio_vs_none": d / base_decode,
             "rotary_microseconds_median": r,
+            "rotary_microseconds": rotary[spec],
             "rotary_ratio_vs_none": r / base_rotary,
             # best-of ratios: noise on a shared machine only ever slows a run down
             "prefill_best_ratio_vs_none": min(prefill[spec]) / best_prefill,
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode_prompt": args.decode_prompt,
         "decode_tokens": args.decode_tokens,
         "repeats": args.repeats,
+        "order": "the methods in the order given in even rounds (0, 2, ...), reversed in odd rounds",
         "torch": torch.__version__,
         "unpatched_prefill_spread": spread,
         "results": rows,
