@@ -343,6 +343,9 @@ def test_yaml_and_flags_override_in_one_style(checkpoint, tmp_path):
 
 
 BAD_INPUTS = [
+    (["--model", "/no/such/rope-ext-model"], (r"--model '/no/such/rope-ext-model': cannot load it \(no such folder: "
+                                              r"nor is it a hub id \(a name, or owner/name\)\); give 'default', a "
+                                              r"folder written by save_pretrained, or a hub id")),
     (["--sequence-length", "256", "--target-length", "128"], r"--sequence-length 256 is above --target-length 128"),
     (["--window", "256", "--target-length", "128"], r"--sequence-length 256 is above"),  # (the old flag still works)
     (["--lora-targets", "q_proj,query"], r"no linear layer named 'query'; its linear layers: q_proj, k_proj"),

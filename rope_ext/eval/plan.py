@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, f
 from rope_ext.eval.run import plan_targets, target_ends
 from rope_ext.runs.devices import check_device, placed
 from rope_ext.runs.folder import resolved
-from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
+from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model, unloadable
 from rope_ext.runs.saved import keep_saved_patch
 
 
@@ -50,14 +49,7 @@ def load_for_evaluation(args: argparse.Namespace, tokenizer: Any = None) -> tupl
     except (OSError, ValueError) as error:
         if args.model == "default":
             raise
-        found = "a folder" if Path(args.model).is_dir() else "no such folder, nor a hub model available"
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if not Path(args.model).is_dir() and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.model):
-            found, reason = "no such folder", "nor is it a hub id (a name, or owner/name)"  # (the hub's says less)
-        raise ValueError(
-            f"--model {args.model!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
-            "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)"
-        ) from None
+        raise unloadable("--model", args.model, error) from None
     model = placed(model, device)
     check_protocol(args, model, tokenizer)
     saved = keep_saved_patch(model, getattr(args, "methods", {}))

@@ -8,6 +8,7 @@ import copy
 import importlib.util
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,17 @@ def load_tokenizer(name: str, beside_model: bool = False) -> Any:
 def _lacks_tokenizer(name: str) -> bool:
     folder = Path(name)
     return folder.is_dir() and not any((folder / file).exists() for file in TOKENIZER_FILES)
+
+
+def unloadable(option: str, name: str, error: Exception) -> ValueError:
+    """The one-line refusal of a model ``name`` (given to ``option``) that did not load: whether it is a folder or
+    could be a hub id, and the first line of why (the hub's own message says less for a path that is neither)."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    found = "a folder" if Path(name).is_dir() else "no such folder, nor a hub model available"
+    if not Path(name).is_dir() and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name):
+        found, reason = "no such folder", "nor is it a hub id (a name, or owner/name)"
+    return ValueError(f"{option} {name!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
+                      "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)")
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, tokenizer: Any = None) -> tuple[nn.Module, Any]:

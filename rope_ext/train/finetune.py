@@ -31,7 +31,7 @@ from rope_ext.eval.objectives import model_protocols
 from rope_ext.families.limits import position_limit
 from rope_ext.methods import get_method_class
 from rope_ext.runs.folder import CONFIG_FILE, RUN_FILE, check_folder, complete_run, resolved_options
-from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
+from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model, unloadable
 from rope_ext.runs.values import named_as_in_file
 from rope_ext.train.config import FinetuneConfig, methods_of
 from rope_ext.train.data import Collator, WindowDataset, run_text
@@ -59,8 +59,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         if config.model == "default":
             raise
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"--model {config.model!r}: cannot load it ({reason}); give 'default', a folder or a hub id") from None
+        raise unloadable("--model", config.model, error) from None
 
     try:
         causal = "fixed" in model_protocols(model)
