@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from unittest import mock
 
 import pytest
 from test_eval import tiny_checkpoint  # noqa: F401  (a fixture)
@@ -452,7 +453,8 @@ def test_a_model_folder_without_a_tokenizer_is_an_error(tmp_path, tiny_checkpoin
     checkpoint, text = tiny_checkpoint
     bare = tmp_path / "bare"
     MODELS[family]().save_pretrained(bare)
-    assert _ppl(bare, tmp_path / "run", text=text) == 2
+    with mock.patch("rope_ext.runs.models.from_pretrained", side_effect=AssertionError("the weights were loaded")):
+        assert _ppl(bare, tmp_path / "run", text=text) == 2  # (refused before the weights load)
     err = capsys.readouterr().err
     assert f"rope-ext: error: --model '{bare}' holds a model but no tokenizer: save the model's tokenizer beside it " \
            "with tokenizer.save_pretrained(folder)" in err

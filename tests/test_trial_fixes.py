@@ -233,6 +233,35 @@ def test_saved_asked_of_a_model_saved_without_a_patch_is_refused_before_it_loads
         assert not (tmp_path / model[-3:]).exists()
 
 
+@pytest.mark.parametrize("command", ["ppl", "passkey", "ruler"])
+def test_a_folder_of_another_configuration_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, command):
+    """What a folder records apart from the model's native context is compared before the model loads; with
+    --overwrite the run goes on (to the load, here made to fail) and the folder's results are kept until its first
+    write."""
+    import json
+
+    import rope_ext.cli.evaluate
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(rope_ext.cli.evaluate, "load_for_evaluation", loaded)
+    monkeypatch.setattr(rope_ext.cli.evaluate, "early_tokenizer", lambda args: None)  # (the load alone, faster)
+    out = tmp_path / "run"
+    out.mkdir()
+    saved = {"model": "default", "model_name": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "native_context": 8192,
+             "site_options": {}, "kind": command, "seed": 7}
+    (out / f"{command}_run.json").write_text(json.dumps(saved))
+    assert main(["eval", command, "--methods", "none", "--out", str(out), "--no-plot"]) == 2
+    err = capsys.readouterr().err.splitlines()[0]
+    assert err.startswith(f"rope-ext: error: --out {out} holds {command} results of another configuration "
+                          "(differs in: dtype: 'bfloat16' before, 'float32' now"), err
+    assert ("seed: 7 before" in err) == (command != "ppl")  # (ppl's run records no seed: not compared)
+    with pytest.raises(AssertionError, match="the model loaded"):
+        main(["eval", command, "--methods", "none", "--out", str(out), "--no-plot", "--overwrite"])
+    assert json.loads((out / f"{command}_run.json").read_text()) == saved
+
+
 def test_help_names_every_architecture_train_builds_and_the_model_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -5,6 +5,7 @@ and plotted."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,9 +18,11 @@ from rope_ext.eval.plan import (
     PPL_MAY_CHANGE,
     check_ppl_options,
     common_run_config,
+    early_run_config,
     early_tokenizer,
     load_for_evaluation,
     moved_windows,
+    perplexity_options,
     perplexity_run,
     same_targets_config,
     site_options_of,
@@ -37,6 +40,7 @@ from rope_ext.families.base import find_family
 from rope_ext.runs.folder import holds_model, normalised, resolved, writable_folder
 from rope_ext.runs.results import ResultStore
 from rope_ext.runs.saved import SAVED_WITHOUT_PATCH, SavedPatch, saved_with_patch, saved_without_patch
+from rope_ext.runs.sources import check_model_source
 from rope_ext.runs.specs import parse_methods
 
 #: ``rope-ext eval ruler``'s needle depths when --depths is not given
@@ -125,7 +129,10 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     if given and not args.dataset:
         raise ValueError(f"{' and '.join(given)}: only for --dataset (text files and the default corpus have neither)")
     args.text_column = args.text_column or "text"
+    check_model_source("--model", args.model)  # (before the folder is compared with this run)
     store = ResultStore(args.out, "ppl", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
+    store.precheck(early_run_config(args) | perplexity_options(args), may_change=PPL_MAY_CHANGE, normalise=normalised,
+                   labels=PPL_LABELS)  # (before the model loads)
     data = load_documents(args.dataset, args.text_files, args.split, args.text_column)
     model, tokenizer, native = load_for_evaluation(args)
     fitting_defaults(model, args)
@@ -196,7 +203,12 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
     check_out(args.out)
     choose_methods(args)
     site_options = site_options_of(args)  # (checked before the model loads)
+    check_model_source("--model", args.model)  # (before the folder is compared with this run)
     store = ResultStore(args.out, "passkey", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
+    # ("answer_within_length": a trial's prompt and answer read L positions; folders of the earlier protocol, an
+    # L-token prompt with its answer past L, are not resumed into)
+    protocol = {"kind": "passkey", "seed": args.seed, "answer_within_length": True}
+    store.precheck(early_run_config(args) | protocol, may_change=("model_name",), normalise=normalised)
     early = early_tokenizer(args)
     if early is not None:  # (the shortest length measured before the model loads)
         check_passkey_length(args.lengths[0], early)
@@ -205,9 +217,7 @@ def cmd_eval_passkey(args: argparse.Namespace) -> int:
     limits = check_methods(model, args.methods, site_options, args.lengths)
     for line in left_out(limits, args.methods, args.lengths):
         print(line)
-    # ("answer_within_length": a trial's prompt and answer read L positions; folders of the earlier protocol, an
-    # L-token prompt with its answer past L, are not resumed into)
-    run_config = common_run_config(args, native) | {"kind": "passkey", "seed": args.seed, "answer_within_length": True}
+    run_config = common_run_config(args, native) | protocol
     store.configure(run_config, may_change=("model_name",), normalise=normalised)
     summary = run_passkey(
         model, tokenizer, args.methods, args.lengths, args.depths, args.trials, store, seed=args.seed,
@@ -255,6 +265,7 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
     check_out(args.out)
     choose_methods(args)
     site_options = site_options_of(args)  # (checked before the model loads)
+    check_model_source("--model", args.model)  # (before the folder is compared with this run)
     store = ResultStore(args.out, "ruler", overwrite=args.overwrite)  # (reads the folder; writes nothing yet)
     texts = [t for t in args.tasks if TASKS[t].haystack == "text"]
     if args.text_files and not texts:  # (said, not silently ignored)
@@ -266,6 +277,12 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
         raise ValueError(f"--text-files: no words in {', '.join(args.text_files)} for the haystack of "
                          f"{', '.join(texts)}; give a text")
     args.depths = ruler_depths(args.depths, args.tasks, args.trials)
+    haystack = (resolved(args.text_files) or "kjv") if texts else None
+    protocol = {"kind": "ruler", "seed": args.seed, "depths": args.depths, "haystack_text": haystack,
+                "haystack_sha256": hashlib.sha256(" ".join(words).encode()).hexdigest() if texts else None,
+                "decoding": "greedy"}
+    store.precheck(early_run_config(args) | protocol, may_change=("model_name",), normalise=normalised,
+                   labels=RULER_LABELS)
     early = early_tokenizer(args)
     if early is not None:  # (the shortest length measured before the model loads)
         check_ruler_lengths(args, early, words)
@@ -274,10 +291,9 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
     limits = check_methods(model, args.methods, site_options, args.lengths)
     for line in left_out(limits, args.methods, args.lengths):
         print(line)
-    haystack = (resolved(args.text_files) or "kjv") if texts else None
-    run_config = common_run_config(args, native) | {"kind": "ruler", "seed": args.seed, "depths": args.depths,
-                                                    "haystack_text": haystack, "decoding": "greedy"}
-    store.configure(run_config, may_change=("model_name",), normalise=normalised)
+    run_config = common_run_config(args, native) | protocol
+    store.configure(run_config, may_change=("model_name",), normalise=normalised, unchecked=("haystack_sha256",),
+                    labels=RULER_LABELS)
     summary = run_ruler(model, tokenizer, args.methods, args.tasks, args.lengths, args.trials, args.depths, store,
                         seed=args.seed, text_words=words, site_options=site_options, limits=limits,
                         threshold=args.threshold)
@@ -295,6 +311,12 @@ def cmd_eval_ruler(args: argparse.Namespace) -> int:
               f"{source}): " + ", ".join(f"{m} {_length_or_below(v, args.lengths)}" for m, v in effective.items()))
     finish(args, Path(args.out))
     return 0
+
+
+#: what a changed value of a ruler folder's key means
+RULER_LABELS = {"haystack_sha256": "the haystack's text changed: the same files, other words",
+                "haystack_text": "the text the haystack tasks draw from; None: no task of the run reads one, so a "
+                                 "folder of such tasks takes no task that does, give it another --out"}
 
 
 def _length_or_below(length: int | None, lengths: list[int]) -> str:

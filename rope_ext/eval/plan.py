@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from rope_ext.eval.data import windows as split_windows
 from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
 from rope_ext.eval.run import plan_targets, target_ends
 from rope_ext.runs.devices import check_device, placed
 from rope_ext.runs.folder import resolved
-from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model, unloadable
+from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
 from rope_ext.runs.saved import keep_saved_patch
+from rope_ext.runs.sources import unloadable
 
 
 def early_tokenizer(args: argparse.Namespace) -> Any:
@@ -46,7 +48,7 @@ def load_for_evaluation(args: argparse.Namespace, tokenizer: Any = None) -> tupl
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), tokenizer=tokenizer)
     except (MissingTokenizer, UnfinishedRun) as error:
         raise ValueError(f"--model {error}") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:  # (SafetensorError: weights that do not read)
         if args.model == "default":
             raise
         raise unloadable("--model", args.model, error) from None
@@ -98,7 +100,7 @@ def model_label(model: str) -> str:
     return Path(os.path.realpath(model)).name if os.path.isdir(model) else model
 
 
-def common_run_config(args: argparse.Namespace, native: int) -> dict:
+def common_run_config(args: argparse.Namespace, native: int | None) -> dict:
     """What every evaluation's folder records (the device where it is not the CPU: a folder of CPU results resumes
     only on the CPU, and one of a GPU's only there)."""
     device = getattr(args, "device", "cpu")
@@ -110,6 +112,12 @@ def common_run_config(args: argparse.Namespace, native: int) -> dict:
         "native_context": native,
         "site_options": site_options_of(args),
     }
+
+
+def early_run_config(args: argparse.Namespace) -> dict:
+    """``common_run_config`` but for what needs the model (its native context): checked against a folder before
+    the model loads (``ResultStore.precheck``)."""
+    return {key: value for key, value in common_run_config(args, None).items() if key != "native_context"}
 
 
 def site_options_of(args: argparse.Namespace) -> dict:
@@ -241,15 +249,7 @@ def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[i
     missing = [L for L in lengths if not any(L in spans for spans in plan.values())]
     if missing:  # (a --min-tokens below them): a length no document provides is an error, never a skip
         raise unfilled(missing)
-    run_config = common_run_config(args, native) | {
-        "kind": "perplexity",
-        "protocol": args.protocol,
-        "target_tokens": args.target_tokens if fixed_targets(args) else None,
-        "stride": args.stride if args.protocol == "sliding" else None,
-        "dataset": resolved(args.dataset) or ("text files" if args.text_files else "kjv"),
-        "text_files": resolved(args.text_files),
-        "split": args.split or "train",
-        "text_column": args.text_column,
+    run_config = common_run_config(args, native) | perplexity_options(args) | {
         "min_tokens": min_tokens,
         "documents": args.documents,
         "lengths": target_lengths,
@@ -257,6 +257,24 @@ def perplexity_run(args: argparse.Namespace, every: list, target_lengths: list[i
         "document_sha256": {d.title: d.fingerprint() for d in documents},
     } | ({"windows": windows} if windows > 1 else {})
     return documents, run_config
+
+
+def perplexity_options(args: argparse.Namespace) -> dict:
+    """What a perplexity folder records of the options alone (compared before the model loads, with
+    ``early_run_config``): the protocol and what it decides only where ``--protocol`` is given (else the model's)."""
+    protocol = {
+        "protocol": args.protocol,
+        "target_tokens": args.target_tokens if fixed_targets(args) else None,
+        "stride": args.stride if args.protocol == "sliding" else None,
+    } if args.protocol is not None else {}
+    return {
+        "kind": "perplexity",
+        **protocol,
+        "dataset": resolved(args.dataset) or ("text files" if args.text_files else "kjv"),
+        "text_files": resolved(args.text_files),
+        "split": args.split or "train",
+        "text_column": args.text_column,
+    }
 
 
 #: run configuration keys that may change when a folder resumes: the lengths (added as the protocol allows,

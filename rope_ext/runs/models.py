@@ -8,7 +8,6 @@ import copy
 import importlib.util
 import json
 import os
-import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,7 +117,7 @@ def load_tokenizer(name: str, beside_model: bool = False) -> Any:
     def missing(why: str) -> ValueError:
         return MissingTokenizer(name) if beside_model else ValueError(f"{name!r} holds no tokenizer ({why})")
 
-    if _lacks_tokenizer(name):
+    if lacks_tokenizer(name):
         raise missing(f"none of {', '.join(TOKENIZER_FILES)}")
     tokenizer = AutoTokenizer.from_pretrained(name)
     if len(tokenizer) <= 1:  # (transformers 5 builds an empty tokenizer for some model types where there is none)
@@ -126,20 +125,10 @@ def load_tokenizer(name: str, beside_model: bool = False) -> Any:
     return tokenizer
 
 
-def _lacks_tokenizer(name: str) -> bool:
+def lacks_tokenizer(name: str) -> bool:
+    """A folder with none of ``TOKENIZER_FILES``."""
     folder = Path(name)
     return folder.is_dir() and not any((folder / file).exists() for file in TOKENIZER_FILES)
-
-
-def unloadable(option: str, name: str, error: Exception) -> ValueError:
-    """The one-line refusal of a model ``name`` (given to ``option``) that did not load: whether it is a folder or
-    could be a hub id, and the first line of why (the hub's own message says less for a path that is neither)."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    found = "a folder" if Path(name).is_dir() else "no such folder, nor a hub model available"
-    if not Path(name).is_dir() and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name):
-        found, reason = "no such folder", "nor is it a hub id (a name, or owner/name)"
-    return ValueError(f"{option} {name!r}: cannot load it ({found}: {reason}); give 'default', a folder written by "
-                      "save_pretrained, or a hub id (downloading needs HF_HUB_OFFLINE unset)")
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, tokenizer: Any = None) -> tuple[nn.Module, Any]:
@@ -151,7 +140,10 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, tokenizer: Any = N
     """
     if name == "default":
         return load_default_model(dtype=dtype, tokenizer=tokenizer)
-    model = load_finetuned(name, dtype=dtype) if is_finetune_folder(name) else from_pretrained(name, dtype=dtype)
+    finetuned = is_finetune_folder(name)
+    if tokenizer is None and lacks_tokenizer(name) and (finetuned or (Path(name) / "config.json").is_file()):
+        raise MissingTokenizer(name)  # (before the weights load)
+    model = load_finetuned(name, dtype=dtype) if finetuned else from_pretrained(name, dtype=dtype)
     model.eval()
     return model, load_tokenizer(name, beside_model=True) if tokenizer is None else tokenizer
 

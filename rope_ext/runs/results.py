@@ -132,6 +132,19 @@ class ResultStore(RunFolder):
         if differences:
             self.refuse_differences(differences)
 
+    def precheck(self, partial: dict[str, Any], *, may_change: Iterable[str] = (),
+                 normalise: Callable[[str, Any], Any] | None = None, labels: dict[str, str] | None = None) -> None:
+        """``configure``'s refusal on the keys of ``partial`` the folder records, before what the others need (the
+        model) is loaded; ``configure`` later checks the whole."""
+        if self.previous is None or self._stale:
+            return
+        partial = {key: value for key, value in json.loads(json.dumps(partial)).items() if key in self.previous}
+        previous = {key: self.previous[key] for key in partial}
+        differences = config_differences(previous, partial, may_change=may_change, normalise=normalise,
+                                         labels=labels)
+        if differences:
+            self.refuse_differences(differences)
+
     def refuse(self, why: str, resume: str = "") -> None:
         """Raise ``ValueError`` (the folder holds results this run must not mix with), or with
         ``overwrite`` mark them for deletion before this run's first write."""
