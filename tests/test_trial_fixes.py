@@ -250,7 +250,7 @@ def test_a_folder_of_another_configuration_is_refused_before_the_model_loads(tmp
     out = tmp_path / "run"
     out.mkdir()
     saved = {"model": "default", "model_name": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "native_context": 8192,
-             "site_options": {}, "kind": command, "seed": 7}
+             "site_options": {}, "kind": "perplexity" if command == "ppl" else command, "seed": 7}
     (out / f"{command}_run.json").write_text(json.dumps(saved))
     assert main(["eval", command, "--methods", "none", "--out", str(out), "--no-plot"]) == 2
     err = capsys.readouterr().err.splitlines()[0]

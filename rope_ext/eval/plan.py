@@ -13,16 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 
 from rope_ext.eval.data import windows as split_windows
 from rope_ext.eval.objectives import absolute_table_rows, check_target_tokens, framing, model_protocols
 from rope_ext.eval.run import plan_targets, target_ends
 from rope_ext.runs.devices import check_device, placed
 from rope_ext.runs.folder import resolved
-from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
 from rope_ext.runs.saved import keep_saved_patch
-from rope_ext.runs.sources import unloadable
+from rope_ext.runs.sources import load_given_model
 
 
 def early_tokenizer(args: argparse.Namespace) -> Any:
@@ -44,14 +42,7 @@ def load_for_evaluation(args: argparse.Namespace, tokenizer: Any = None) -> tupl
         torch.set_num_threads(args.threads)
     device = getattr(args, "device", "cpu")
     check_device(device)  # (before the model loads)
-    try:
-        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), tokenizer=tokenizer)
-    except (MissingTokenizer, UnfinishedRun) as error:
-        raise ValueError(f"--model {error}") from None
-    except (OSError, ValueError, SafetensorError) as error:  # (SafetensorError: weights that do not read)
-        if args.model == "default":
-            raise
-        raise unloadable("--model", args.model, error) from None
+    model, tokenizer = load_given_model("--model", args.model, getattr(torch, args.dtype), tokenizer)
     model = placed(model, device)
     check_protocol(args, model, tokenizer)
     saved = keep_saved_patch(model, getattr(args, "methods", {}))

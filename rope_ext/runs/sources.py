@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
 
 from rope_ext.runs.folder import is_finetune_folder, unfinished_run
-from rope_ext.runs.models import MissingTokenizer, lacks_tokenizer
+from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, lacks_tokenizer, load_model
 
 #: the hub's repository ids: ``name`` or ``owner/name`` of letters, digits, ``-``, ``_``, ``.``
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
@@ -26,8 +29,11 @@ def unloadable(option: str, name: str, error: Exception) -> ValueError:
     """The one-line refusal of a model ``name`` (given to ``option``) that did not load: whether it is a folder or
     could be a hub id, and the first line of why (the hub's own message says less for a path that is neither)."""
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    found = "a folder" if Path(name).is_dir() else "no such folder, nor a hub model available"
-    if not Path(name).is_dir() and not could_be_hub_id(name):
+    if Path(name).is_dir():
+        found = "a folder"
+    elif could_be_hub_id(name):
+        found = "no such folder, nor a hub model available"
+    else:
         found, reason = "no such folder", "nor is it a hub id (a name, or owner/name)"
     return ValueError(f"{option} {name!r}: cannot load it ({found}: {reason}); {GIVE_MODEL} (downloading needs "
                       "HF_HUB_OFFLINE unset)")
@@ -51,3 +57,16 @@ def check_model_source(option: str, name: str) -> None:
         raise unloadable(option, name, ValueError("no config.json: it holds no model"))
     if lacks_tokenizer(name):
         raise ValueError(f"{option} {MissingTokenizer(name)}")
+
+
+def load_given_model(option: str, name: str, dtype: Any, tokenizer: Any = None) -> tuple[Any, Any]:
+    """``load_model`` of the model ``name`` given to ``option``, what fails refused in one line (``default``'s own
+    failures are left as they are: a broken install, not the user's value)."""
+    try:
+        return load_model(name, dtype=dtype, tokenizer=tokenizer)
+    except (MissingTokenizer, UnfinishedRun) as error:
+        raise ValueError(f"{option} {error}") from None
+    except (OSError, ValueError, SafetensorError) as error:  # (SafetensorError: weights that do not read)
+        if name == "default":
+            raise
+        raise unloadable(option, name, error) from None

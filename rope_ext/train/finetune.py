@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
 from rope_ext.core import anchor_of, get_patch, patch, unpatch
@@ -32,8 +31,7 @@ from rope_ext.eval.objectives import model_protocols
 from rope_ext.families.limits import position_limit
 from rope_ext.methods import get_method_class
 from rope_ext.runs.folder import CONFIG_FILE, RUN_FILE, check_folder, complete_run, resolved_options
-from rope_ext.runs.models import MissingTokenizer, UnfinishedRun, load_model
-from rope_ext.runs.sources import check_model_source, unloadable
+from rope_ext.runs.sources import check_model_source, load_given_model
 from rope_ext.runs.values import named_as_in_file
 from rope_ext.train.config import FinetuneConfig, methods_of
 from rope_ext.train.data import Collator, WindowDataset, run_text
@@ -55,14 +53,7 @@ def prepare(config: FinetuneConfig) -> dict[str, Any]:
     check_model_source("--model", config.model)  # (before the folder is compared with this run)
     begin_run(config)
     data = load_documents(config.dataset, config.text_files, config.split, config.text_column)  # (before the model)
-    try:
-        model, tokenizer = load_model(config.model, dtype=torch.float32)
-    except (MissingTokenizer, UnfinishedRun) as error:
-        raise ValueError(f"--model {error}") from None
-    except (OSError, ValueError, SafetensorError) as error:  # (SafetensorError: weights that do not read)
-        if config.model == "default":
-            raise
-        raise unloadable("--model", config.model, error) from None
+    model, tokenizer = load_given_model("--model", config.model, torch.float32)
 
     try:
         causal = "fixed" in model_protocols(model)
